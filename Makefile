@@ -1,0 +1,40 @@
+# All set-up lives here so a fresh machine (and CI) needs nothing installed by hand.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 is a local CPU build on the dev/CI machines; override for GPU boxes:
+#   make install TORCH_SPEC="torch==2.11.0"
+TORCH_SPEC ?= torch==2.13.0
+DATA ?= data/movielens
+
+.PHONY: install demo test test-slow lint bench data clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+# The main job on the shipped data: prepare MovieLens Parquet logs, then summarise them.
+demo: install
+	$(BIN)/recformer data movielens --out $(DATA)
+	$(BIN)/recformer data summary $(DATA)
+
+test: install
+	$(BIN)/pytest -q
+
+test-slow: install
+	$(BIN)/pytest -q -m slow
+
+lint: install
+	$(BIN)/ruff check recformer tests bench
+	$(BIN)/ruff format --check recformer tests bench
+
+bench: install
+	$(BIN)/python bench/bench_loader.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

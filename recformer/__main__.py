@@ -1,0 +1,57 @@
+"""The ``recformer`` command.
+
+- ``recformer fit|validate|test|predict ...``: LightningCLI (``recformer.cli``).
+- ``recformer data movielens|synth|embed-items|summary ...``: dataset preparation.
+- ``recformer evaluate --ckpt ... --data ...``: offline exact metrics.
+- ``recformer doctor RUN_DIR``: reads a run's internal metrics and names its failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each data command lives in its own module exposing ``register(subparsers)``; imports stay lazy so
+# ``recformer data ...`` does not pay for torch/Lightning start-up.
+DATA_COMMANDS = {
+    "movielens": "recformer.data.movielens",
+    "synth": "recformer.data.synth",
+    "embed-items": "recformer.data.embed_items",
+    "summary": "recformer.data.summary",
+}
+
+
+def data_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recformer data", description="Prepare Parquet logs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(DATA_COMMANDS) + "}")
+    wanted = argv[0] if argv and argv[0] in DATA_COMMANDS else None
+    for name, module in DATA_COMMANDS.items():
+        if wanted is None or name == wanted:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "data":
+        return data_main(argv[1:])
+    if argv and argv[0] == "evaluate":
+        from recformer.evaluate import main as evaluate_main
+
+        return int(evaluate_main(argv[1:]) or 0)
+    if argv and argv[0] == "doctor":
+        from recformer.doctor import main as doctor_main
+
+        return int(doctor_main(argv[1:]) or 0)
+    from recformer.cli import cli_main
+
+    cli_main(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

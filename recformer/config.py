@@ -1,0 +1,395 @@
+"""Plain, torch-free configuration dataclasses.
+
+Every field carries a docstring under it: LightningCLI turns those into ``--help`` and
+``--print_config`` comments. Validation lives in ``__post_init__`` and says what to change.
+
+- ``FeatureSpec``: what each Parquet column means (DESIGN section 3); loaded from YAML.
+- ``FeatureDims``: the sizes the model needs, derived from a ``FeatureSpec`` by the data layer and
+  linked into the model through LightningCLI, so no number is copied into two YAML files.
+- ``RankerConfig``: the Transformer ranker and its scale controls (DESIGN section 4).
+- ``OptimConfig``: AdamW, parameter groups and schedule (DESIGN section 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+# ----------------------------------------------------------------------------------------------
+# Feature spec: the Parquet log contract
+# ----------------------------------------------------------------------------------------------
+
+OOV_ROW = 0
+"""Row 0 of every id table is the reserved out-of-vocabulary (and padding) row; id ``i`` maps to
+row ``i + 1``. Unknown ids are counted by the reader, never dropped."""
+
+
+@dataclass
+class CategoricalField:
+    """One categorical column: an int id in ``[0, vocab_size)`` or a string from ``vocab``."""
+
+    name: str
+    """Parquet column name (for sequence features: a list column aligned with the item ids)."""
+    vocab_size: int = 0
+    """Number of known ids for an integer column; ids outside ``[0, vocab_size)`` go to the OOV row
+    (negative ids are an error). Ignored when ``vocab`` is given."""
+    vocab: list[str] | None = None
+    """Known values of a string column, in id order; anything else goes to the OOV row."""
+
+    def __post_init__(self) -> None:
+        if self.vocab is not None:
+            if len(set(self.vocab)) != len(self.vocab):
+                raise ValueError(f"categorical field {self.name!r}: vocab has duplicate values")
+            self.vocab_size = len(self.vocab)
+        if self.vocab_size <= 0:
+            raise ValueError(
+                f"categorical field {self.name!r}: vocab_size={self.vocab_size}; give vocab_size > 0 "
+                "(integer ids) or a vocab list (string values)"
+            )
+
+    @property
+    def rows(self) -> int:
+        """Embedding rows this field needs, OOV row included."""
+        return self.vocab_size + 1
+
+
+@dataclass
+class DenseField:
+    """One float column, normalised as ``(f(x) - mean) / std`` with ``f`` = log1p or identity."""
+
+    name: str
+    """Parquet column name."""
+    mean: float = 0.0
+    """Mean of the transformed value (computed on the training split at preparation time)."""
+    std: float = 1.0
+    """Standard deviation of the transformed value; must be > 0."""
+    log1p: bool = False
+    """Apply ``sign(x) * log1p(|x|)`` before normalising (heavy-tailed counts)."""
+
+    def __post_init__(self) -> None:
+        if not self.std > 0:
+            raise ValueError(f"dense field {self.name!r}: std={self.std} must be > 0")
+
+
+@dataclass
+class EmbeddingField:
+    """A per-row fixed-size float vector column that becomes one projected token."""
+
+    name: str
+    """Parquet column name (fixed-size list or list of float)."""
+    dim: int
+    """Vector length; every row must have exactly this many values."""
+
+    def __post_init__(self) -> None:
+        if self.dim <= 0:
+            raise ValueError(f"embedding field {self.name!r}: dim={self.dim} must be > 0")
+
+
+@dataclass
+class ItemSpec:
+    """The item vocabulary shared by the target item and the history events."""
+
+    column: str
+    """Column of the target item id (int, ``[0, vocab_size)``)."""
+    vocab_size: int
+    """Number of known item ids; others go to the OOV row."""
+    side_table: str | None = None
+    """Parquet file (relative to the spec file) mapping item id to content embedding and item
+    features; stored once per item, looked up for history and target alike."""
+    side_id_column: str = "item_id"
+    """Item id column of the side table."""
+    content_column: str | None = None
+    """Side-table column with the item's content embedding (list of float/half)."""
+    content_dim: int = 0
+    """Length of the content embedding; 0 when there is none."""
+    features: list[CategoricalField] = field(default_factory=list)
+    """Categorical item features read from the side table (e.g. year bucket, first genre)."""
+
+    def __post_init__(self) -> None:
+        self.features = [_coerce(CategoricalField, f) for f in self.features]
+        if self.vocab_size <= 0:
+            raise ValueError(f"item.vocab_size={self.vocab_size} must be > 0")
+        if (self.content_column is None) != (self.content_dim == 0):
+            raise ValueError("item.content_column and item.content_dim must be given together")
+        if (self.content_column or self.features) and self.side_table is None:
+            raise ValueError("item.content_column / item.features need item.side_table")
+
+
+@dataclass
+class SequenceSpec:
+    """User history: aligned list columns, most recent event last."""
+
+    item_column: str
+    """List column of history item ids (same vocabulary as ``item``)."""
+    max_len: int = 50
+    """Keep the most recent ``max_len`` events; shorter histories are left-padded and masked."""
+    categorical: list[CategoricalField] = field(default_factory=list)
+    """Per-event categorical list columns aligned with ``item_column`` (e.g. rating, action)."""
+    time_gap_column: str | None = None
+    """List column of seconds between each event and the impression (>= 0), bucketed on a log2
+    scale into ``time_gap_buckets`` buckets."""
+    time_gap_buckets: int = 24
+    """Number of log2 time-gap buckets (bucket b covers gaps of about 2**b minutes)."""
+
+    def __post_init__(self) -> None:
+        self.categorical = [_coerce(CategoricalField, f) for f in self.categorical]
+        if self.max_len <= 0:
+            raise ValueError(f"sequence.max_len={self.max_len} must be > 0")
+        if self.time_gap_buckets <= 1:
+            raise ValueError(f"sequence.time_gap_buckets={self.time_gap_buckets} must be > 1")
+
+
+@dataclass
+class FeatureSpec:
+    """What every Parquet column means (DESIGN section 3)."""
+
+    label: str
+    """Label column: int/bool/float in [0, 1]."""
+    item: ItemSpec
+    """Target item and the shared item vocabulary."""
+    weight: str | None = None
+    """Optional per-sample loss weight column (float >= 0)."""
+    group: str | None = None
+    """Grouping key of GAUC (usually the user id); int or string."""
+    keys: list[str] = field(default_factory=list)
+    """Integer columns copied to predictions so scores can be joined back (e.g. user, item, time)."""
+    categorical: list[CategoricalField] = field(default_factory=list)
+    """Context categorical columns: one token each."""
+    dense: list[DenseField] = field(default_factory=list)
+    """Dense float columns: normalised, then projected into ``dense_tokens`` tokens by the model."""
+    embedding: list[EmbeddingField] = field(default_factory=list)
+    """Per-row vector columns: one projected token each."""
+    sequence: SequenceSpec | None = None
+    """User history; ``None`` for a model without history."""
+    path: str | None = None
+    """Where the spec was loaded from (set by ``load``; side-table paths are relative to it)."""
+
+    def __post_init__(self) -> None:
+        self.item = _coerce(ItemSpec, self.item)
+        self.categorical = [_coerce(CategoricalField, f) for f in self.categorical]
+        self.dense = [_coerce(DenseField, f) for f in self.dense]
+        self.embedding = [_coerce(EmbeddingField, f) for f in self.embedding]
+        if self.sequence is not None:
+            self.sequence = _coerce(SequenceSpec, self.sequence)
+        names = self.columns()
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"feature spec names these columns more than once: {dup}")
+
+    # -- derived -------------------------------------------------------------------------------
+    def columns(self) -> list[str]:
+        """Every column of the log files that the spec names (side table excluded)."""
+        cols = [self.label, self.item.column]
+        cols += [c for c in (self.weight, self.group) if c is not None]
+        cols += [k for k in self.keys if k not in cols]
+        cols += [f.name for f in self.categorical] + [f.name for f in self.dense]
+        cols += [f.name for f in self.embedding]
+        if self.sequence is not None:
+            s = self.sequence
+            cols += [s.item_column] + [f.name for f in s.categorical]
+            cols += [s.time_gap_column] if s.time_gap_column else []
+        return cols
+
+    def side_table_path(self) -> Path | None:
+        if self.item.side_table is None:
+            return None
+        base = Path(self.path).parent if self.path else Path(".")
+        return base / self.item.side_table
+
+    def dims(self) -> FeatureDims:
+        s = self.sequence
+        return FeatureDims(
+            cat_rows=[f.rows for f in self.categorical],
+            n_dense=len(self.dense),
+            emb_dims=[f.dim for f in self.embedding],
+            item_rows=self.item.vocab_size + 1,
+            content_dim=self.item.content_dim,
+            item_feat_rows=[f.rows for f in self.item.features],
+            max_len=s.max_len if s else 0,
+            hist_cat_rows=[f.rows for f in s.categorical] if s else [],
+            time_gap_buckets=(s.time_gap_buckets + 1) if s and s.time_gap_column else 0,
+        )
+
+    # -- YAML ----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"feature spec {path} does not exist")
+        with open(path) as fh:
+            raw = yaml.safe_load(fh)
+        if not isinstance(raw, dict):
+            raise ValueError(f"feature spec {path}: expected a YAML mapping, found {type(raw).__name__}")
+        try:
+            spec = cls(**raw)
+        except TypeError as e:  # unknown or missing top-level key
+            raise ValueError(f"feature spec {path}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"feature spec {path}: {e}") from None
+        spec.path = str(path)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+    def save(self, path: str | Path) -> None:
+        with open(path, "w") as fh:
+            yaml.safe_dump(self.to_dict(), fh, sort_keys=False, width=100)
+
+
+@dataclass
+class FeatureDims:
+    """Sizes the model's embedding tables and projections need; derived from a FeatureSpec."""
+
+    cat_rows: list[int] = field(default_factory=list)
+    """Rows per context categorical field (OOV row included)."""
+    n_dense: int = 0
+    """Number of dense features."""
+    emb_dims: list[int] = field(default_factory=list)
+    """Length of each per-row embedding column."""
+    item_rows: int = 1
+    """Rows of the item table (OOV row included)."""
+    content_dim: int = 0
+    """Length of the item content embedding (0 = none)."""
+    item_feat_rows: list[int] = field(default_factory=list)
+    """Rows per item side feature (OOV row included)."""
+    max_len: int = 0
+    """History length (0 = no history)."""
+    hist_cat_rows: list[int] = field(default_factory=list)
+    """Rows per per-event categorical field (OOV/pad row included)."""
+    time_gap_buckets: int = 0
+    """Rows of the time-gap bucket table (pad row included); 0 = no time gaps."""
+
+
+def _coerce(cls: type, value: Any) -> Any:
+    """Build a dataclass from a YAML mapping, naming the unknown keys if any."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping for {cls.__name__}, found {value!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
+    return cls(**value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The ranker (DESIGN section 4)
+# ----------------------------------------------------------------------------------------------
+
+NormPlacement = Literal["post", "pre", "sandwich", "reordered", "deepnorm"]
+InitMethod = Literal["normal", "xavier", "scaled", "depth", "deepnorm", "mup"]
+
+
+@dataclass
+class RankerConfig:
+    """The tokenized-feature Transformer ranker and its scale controls."""
+
+    d_model: int = 64
+    """Model width D."""
+    n_layers: int = 2
+    """Number of Transformer blocks L."""
+    n_heads: int = 4
+    """Attention heads N; d_model must be divisible by it."""
+    mlp_ratio: float = 4.0
+    """MLP hidden width as a multiple of d_model (SwiGLU uses 2/3 of it, rounded up to 8)."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """MLP type."""
+    norm_placement: NormPlacement = "pre"
+    """Where the norms sit in each residual branch: post, pre, sandwich, reordered (OLMo 2), deepnorm."""
+    norm: Literal["rms", "layer"] = "rms"
+    """RMSNorm or LayerNorm."""
+    layernorm_scaling: bool = False
+    """Scale each block's norm output by 1/sqrt(layer index), layers counted from 1 (Curse of Depth)."""
+    qk_norm: Literal["none", "head", "full"] = "head"
+    """Normalise queries and keys before the dot product: per head, over the full width, or not."""
+    init: InitMethod = "scaled"
+    """Init method: normal(std), xavier, scaled (GPT-2, std/sqrt(2L) on residual-writing projections),
+    depth (std/sqrt(2(l+1)) in block l), deepnorm (DeepNet beta), mup."""
+    init_std: float = 0.02
+    """Base standard deviation of the normal-family inits."""
+    mup: bool = False
+    """muP width scaling: hidden-matrix LR / m, readout input / m, attention scale 1/d_head."""
+    base_d_model: int = 64
+    """Width at which muP hyperparameters were tuned; m = d_model / base_d_model."""
+    dense_tokens: int = 1
+    """Tokens the dense features are projected into."""
+    head: Literal["cls", "target", "both"] = "both"
+    """Which token(s) the head reads."""
+    head_hidden: int = 0
+    """Hidden width of the head MLP; 0 = 2 * d_model."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches."""
+    base_rate: float = 0.5
+    """Label base rate; the head bias starts at its log-odds."""
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers={self.n_layers} must be >= 1")
+        if not 0.0 < self.base_rate < 1.0:
+            raise ValueError(f"base_rate={self.base_rate} must be strictly between 0 and 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.dense_tokens < 1:
+            raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
+        if self.mup and self.init != "mup":
+            raise ValueError("mup=True needs init='mup' (or set mup=False)")
+        if self.init == "deepnorm" and self.norm_placement != "deepnorm":
+            raise ValueError("init='deepnorm' only makes sense with norm_placement='deepnorm'")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def width_mult(self) -> float:
+        """muP width multiplier m = d_model / base_d_model."""
+        return self.d_model / self.base_d_model
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimisation (DESIGN section 5)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with explicit parameter groups, warmup and a schedule."""
+
+    lr: float = 1e-3
+    """Base (peak) learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas; beta2 0.95 recovers from spikes faster than 0.999."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices only (not norms, biases, embedding tables)."""
+    warmup_steps: int = 100
+    """Linear warmup steps from 0 to lr."""
+    schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    """Decay after warmup."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of lr for cosine / linear decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping threshold (0 = off)."""
+    max_nonfinite_steps: int = 20
+    """Stop training after this many non-finite steps in a row."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        b1, b2 = self.betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"betas={self.betas} must both be in [0, 1)")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")

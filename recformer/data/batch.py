@@ -1,0 +1,58 @@
+"""The fixed-shape tensor batch that the data layer hands to the model.
+
+Shape legend: ``B`` batch, ``L`` history length (``FeatureDims.max_len``), ``F`` context
+categorical fields, ``C`` per-event categorical fields, ``I`` item side features, ``E`` summed
+per-row embedding dims, ``Dn`` dense features.
+
+Id conventions (see ``recformer.config.OOV_ROW``): every id tensor holds *row indices* into its
+field's own table: known id ``i`` is row ``i + 1``, row 0 is OOV and padding. Tables are per field;
+``cat[:, f]`` indexes field ``f``'s table of ``FeatureDims.cat_rows[f]`` rows.
+History is left-padded: the most recent event is always at position ``L - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Batch:
+    label: torch.Tensor
+    """float32 [B], in [0, 1]."""
+    weight: torch.Tensor
+    """float32 [B], >= 0 (ones when the spec has no weight column)."""
+    group: torch.Tensor
+    """int64 [B], GAUC grouping key (user id; strings are hashed stably); -1 when no group column."""
+    target_item: torch.Tensor
+    """int64 [B], item row."""
+    cat: torch.Tensor
+    """int64 [B, F], per-field rows of the context categorical features."""
+    dense: torch.Tensor
+    """float32 [B, Dn], normalised dense features."""
+    emb: torch.Tensor
+    """float32 [B, E], per-row embedding columns concatenated in spec order."""
+    hist_item: torch.Tensor
+    """int64 [B, L], item rows of the history (0 = padding)."""
+    hist_cat: torch.Tensor
+    """int64 [B, L, C], per-event categorical rows (0 = padding/OOV)."""
+    hist_gap: torch.Tensor
+    """int64 [B, L], time-gap bucket rows (0 = padding)."""
+    hist_mask: torch.Tensor
+    """bool [B, L], True where a real event sits."""
+    keys: torch.Tensor
+    """int64 [B, K], the spec's key columns (for predictions), in spec order."""
+
+    def __len__(self) -> int:
+        return self.label.shape[0]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+    def pin_memory(self) -> Batch:
+        # DataLoader(pin_memory=True) calls this on custom batch types.
+        return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
