@@ -43,6 +43,9 @@ class Batch:
     """bool [B, L], True where a real event sits."""
     keys: torch.Tensor
     """int64 [B, K], the spec's key columns (for predictions), in spec order."""
+    oov: torch.Tensor
+    """int64 [K_ids], unknown ids in this batch per id field (``Decoder.oov_fields()`` order): they
+    were mapped to the OOV row, and are counted here so that nothing is dropped silently."""
 
     def __len__(self) -> int:
         return self.label.shape[0]

@@ -1,0 +1,155 @@
+"""``ParquetStream``: an IterableDataset that yields whole ``Batch`` objects from Parquet shards.
+
+Row assignment comes from ``shards`` (footers only). Each DataLoader worker reads a contiguous block
+of its rank's batches in windows of ``window`` rows (a multiple of the batch size): a window is read
+(row groups, sliced), decoded once, permuted with an RNG seeded by (seed, epoch, rank, worker,
+window), and cut into batches. Because a window's permutation depends only on those numbers,
+skipping ``s`` batches after a resume jumps straight to window ``s * B // window`` without reading
+anything before it: the resumed stream is exactly the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from recformer.config import FeatureSpec
+from recformer.data.batch import Batch
+from recformer.data.decode import Decoded, Decoder
+from recformer.data.schema import DataError, Where
+from recformer.data.shards import (
+    Piece,
+    RowGroup,
+    SplitIndex,
+    epoch_order,
+    num_batches,
+    pieces_for,
+    rank_range,
+    round_robin_resume,
+    worker_batches,
+)
+
+
+@dataclass
+class StreamPlan:
+    """Everything that decides the batch sequence of one rank for one epoch."""
+
+    epoch: int = 0
+    rank: int = 0
+    world: int = 1
+    skip: int = 0
+    """Batches of this epoch already consumed on this rank (resume)."""
+    num_workers: int = 1
+    """DataLoader workers the stream is split over (0 counts as 1)."""
+
+
+@dataclass
+class ParquetStream(IterableDataset):
+    index: SplitIndex
+    spec: FeatureSpec
+    batch_size: int
+    train: bool
+    """Training: pad ranks to equal size, shuffle if ``shuffle``; evaluation: exact partition."""
+    shuffle: bool = True
+    seed: int = 0
+    window: int = 32768
+    """Rows decoded and shuffled together (rounded up to a multiple of batch_size)."""
+    drop_last: bool = False
+    plan: StreamPlan = field(default_factory=StreamPlan)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size={self.batch_size} must be > 0")
+        self.window = -(-max(self.window, self.batch_size) // self.batch_size) * self.batch_size
+        self._decoder: Decoder | None = None
+        self._files: dict[int, pq.ParquetFile] = {}
+        self._cached: tuple[RowGroup, Decoded] | None = None
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def rank_rows(self) -> tuple[int, int]:
+        return rank_range(self.index.num_rows, self.plan.rank, self.plan.world, pad=self.train)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a full epoch (identical on every rank when training)."""
+        lo, hi = self.rank_rows()
+        return num_batches(hi - lo, self.batch_size, self.drop_last and self.train)
+
+    def worker_counts(self) -> list[int]:
+        n, nw = len(self), max(1, self.plan.num_workers)
+        return [b - a for a, b in (worker_batches(n, w, nw) for w in range(nw))]
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        if nw != max(1, self.plan.num_workers):
+            raise RuntimeError(
+                f"ParquetStream planned for {self.plan.num_workers} workers but runs in {nw}; "
+                "build the DataLoader through RecDataModule"
+            )
+        counts = self.worker_counts()
+        taken, order = round_robin_resume(counts, self.plan.skip)
+        # After a resume the DataLoader's round robin restarts at its worker 0; hand worker 0 the
+        # logical block that would have delivered next, so the sequence continues unchanged.
+        if wid >= len(order):
+            return
+        logical = order[wid]
+        yield from self._iter_block(logical, nw, skip=taken[logical])
+
+    def _iter_block(self, logical: int, nw: int, skip: int):
+        B = self.batch_size
+        lo, hi = self.rank_rows()
+        b0, b1 = worker_batches(len(self), logical, nw)
+        start = lo + b0 * B
+        stop = min(lo + b1 * B, hi)
+        order = epoch_order(self.index, self.seed, self.plan.epoch, self.shuffle and self.train)
+        n_rows = stop - start
+        first_window = skip * B // self.window
+        for j in range(first_window, -(-n_rows // self.window)):
+            w_lo = start + j * self.window
+            w_hi = min(w_lo + self.window, stop)
+            data = self._read(pieces_for(order, w_lo, w_hi))
+            if self.shuffle and self.train:
+                rng = np.random.default_rng([self.seed, self.plan.epoch, self.plan.rank, logical, j])
+                perm = rng.permutation(len(data))
+            else:
+                perm = np.arange(len(data))
+            k0 = (skip * B - j * self.window) if j == first_window else 0
+            for k in range(k0, len(data), B):
+                idx = perm[k : k + B]
+                if self.drop_last and self.train and len(idx) < B:
+                    break
+                yield data.take(idx)
+
+    # -- reading -------------------------------------------------------------------------------
+    def _read(self, pieces: list[Piece]) -> Decoded:
+        return Decoded.concat([self._group(p.group).slice(p.start, p.stop) for p in pieces])
+
+    def _group(self, g: RowGroup) -> Decoded:
+        if self._cached is not None and self._cached[0] == g:
+            return self._cached[1]
+        if self._decoder is None:
+            self._decoder = Decoder(self.spec)
+        path = self.index.files[g.file]
+        where = Where(path, g.index)
+        try:
+            pf = self._files.get(g.file) or self._files.setdefault(g.file, pq.ParquetFile(path))
+            table = pf.read_row_group(g.index, columns=self.spec.columns(), use_threads=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{where}: could not read ({e}); truncated or corrupt file?") from None
+        if table.num_rows != g.rows:
+            raise DataError(f"{where}: read {table.num_rows} rows, the footer promised {g.rows}")
+        decoded = self._decoder.decode(table, where)
+        self._cached = (g, decoded)
+        return decoded
+
+    def __getstate__(self):
+        # Open files and decoded caches stay in the process that made them.
+        state = self.__dict__.copy()
+        state.update(_files={}, _cached=None, _decoder=None)
+        return state

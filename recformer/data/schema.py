@@ -1,0 +1,165 @@
+"""Checking Parquet logs against a FeatureSpec before the first batch.
+
+Two layers, both reporting the file, the column (and row group) and what was expected:
+- ``check_schema``: each file's Arrow schema against the spec (types, presence), from the footer only.
+- ``ContentChecker``: values that a footer cannot prove (label range and nulls, negative ids, NaN/Inf,
+  aligned list lengths, embedding sizes). The decoder runs the same checks on every record batch it
+  reads, so ``validate="footer"`` only moves the error from set-up to the batch that holds the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+
+from recformer.config import CategoricalField, FeatureSpec
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file, column and what was expected."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """A place in the data, for error messages."""
+
+    file: str
+    row_group: int | None = None
+
+    def __str__(self) -> str:
+        return self.file if self.row_group is None else f"{self.file} (row group {self.row_group})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Types
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pat.is_integer(t) or (pat.is_dictionary(t) and pat.is_integer(t.value_type))
+
+
+def _is_str(t: pa.DataType) -> bool:
+    return pat.is_string(t) or pat.is_large_string(t) or (pat.is_dictionary(t) and pat.is_string(t.value_type))
+
+
+def _is_num(t: pa.DataType) -> bool:
+    return pat.is_integer(t) or pat.is_floating(t) or pat.is_boolean(t)
+
+
+def _is_list_of(pred: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    def check(t: pa.DataType) -> bool:
+        is_list = pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t)
+        return is_list and pred(t.value_type)
+
+    return check
+
+
+_FLOAT_VEC = _is_list_of(lambda t: pat.is_floating(t))
+
+
+def _cat_check(f: CategoricalField) -> tuple[Callable[[pa.DataType], bool], str]:
+    return (_is_str, "string") if f.vocab is not None else (_is_int, "integer")
+
+
+def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType], bool], str]]:
+    """Column -> (type predicate, human description of the expected type)."""
+    exp: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
+        spec.label: (_is_num, "int, bool or float in [0, 1]"),
+        spec.item.column: (_is_int, "integer item id"),
+    }
+    if spec.weight:
+        exp[spec.weight] = (_is_num, "float >= 0")
+    if spec.group:
+        exp[spec.group] = (lambda t: _is_int(t) or _is_str(t), "integer or string")
+    for k in spec.keys:
+        exp.setdefault(k, (_is_int, "integer (key columns are copied to predictions)"))
+    for f in spec.categorical:
+        exp[f.name] = _cat_check(f)
+    for f in spec.dense:
+        exp[f.name] = (_is_num, "float")
+    for f in spec.embedding:
+        exp[f.name] = (_FLOAT_VEC, f"list of float (length {f.dim})")
+    if spec.sequence is not None:
+        s = spec.sequence
+        exp[s.item_column] = (_is_list_of(_is_int), "list of integer item ids")
+        for f in s.categorical:
+            pred, desc = _cat_check(f)
+            exp[f.name] = (_is_list_of(pred), f"list of {desc}")
+        if s.time_gap_column:
+            exp[s.time_gap_column] = (_is_list_of(_is_num), "list of float seconds >= 0")
+    return exp
+
+
+def check_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) -> None:
+    """Every spec column is present with an acceptable type."""
+    names = set(schema.names)
+    missing = [c for c in spec.columns() if c not in names]
+    if missing:
+        raise DataError(
+            f"{where}: column(s) {missing} named by the feature spec ({spec.path or 'spec'}) are missing; "
+            f"the file has {sorted(names)}"
+        )
+    for col, (pred, desc) in expected_types(spec).items():
+        found = schema.field(col).type
+        if not pred(found):
+            raise DataError(f"{where}: column {col!r} has type {found}, expected {desc}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Values
+# ----------------------------------------------------------------------------------------------
+
+
+def list_offsets(arr: pa.Array, where: Where, col: str) -> np.ndarray:
+    """Offsets (int64, len B+1, starting wherever the slice starts) of a list array; nulls rejected."""
+    if arr.null_count:
+        raise DataError(f"{where}: column {col!r} has {arr.null_count} null list(s); expected a list per row")
+    if pat.is_fixed_size_list(arr.type):
+        n = arr.type.list_size
+        return (np.arange(len(arr) + 1, dtype=np.int64) + arr.offset) * n
+    return np.asarray(arr.offsets, dtype=np.int64)
+
+
+def list_values(arr: pa.Array) -> pa.Array:
+    """The child array that ``list_offsets`` indexes (not sliced to the parent's window)."""
+    return arr.values
+
+
+def numeric(arr: pa.Array, where: Where, col: str, dtype: type = np.float64) -> np.ndarray:
+    """A primitive column as numpy, rejecting nulls (with the column named)."""
+    if arr.null_count:
+        raise DataError(f"{where}: column {col!r} has {arr.null_count} null value(s)")
+    if pat.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def check_finite(x: np.ndarray, where: Where, col: str) -> None:
+    """Reject NaN/Inf, naming the first offending row of the record batch."""
+    ok = np.isfinite(x)
+    if not ok.all():
+        bad_rows = np.flatnonzero(~ok.reshape(len(x), -1).all(axis=1))
+        raise DataError(
+            f"{where}: column {col!r} has NaN or Inf in {len(bad_rows)} row(s) (first at batch row "
+            f"{bad_rows[0]}); expected finite values"
+        )
+
+
+def check_label(y: np.ndarray, where: Where, col: str) -> None:
+    check_finite(y, where, col)
+    if len(y) and (y.min() < 0 or y.max() > 1):
+        bad = np.flatnonzero((y < 0) | (y > 1))
+        raise DataError(
+            f"{where}: label column {col!r} has {len(bad)} value(s) outside [0, 1] (e.g. {y[bad[0]]}); "
+            "expected a probability or 0/1 label"
+        )
+
+
+def check_nonneg_ids(ids: np.ndarray, where: Where, col: str) -> None:
+    if len(ids) and ids.min() < 0:
+        raise DataError(f"{where}: column {col!r} has negative id(s) (min {ids.min()}); expected ids >= 0")

@@ -1,0 +1,150 @@
+"""Which rows each (rank, worker) reads, computed from Parquet footers alone.
+
+The unit of storage is a row group; the unit of assignment is a row range. Per epoch the row
+groups are put in a (seeded) order and concatenated into one global row space of ``N`` rows.
+
+- Training: every rank gets ``R = ceil(N / W)`` consecutive positions of that space (the last ranks
+  wrap around to the start, as DistributedSampler pads), so every rank has exactly the same number
+  of batches *by construction* and DDP never hangs on uneven files (DESIGN section 7).
+- Evaluation: ranks split ``N`` exactly (sizes differ by at most one row) so every row is seen once.
+
+Inside a rank, the rank's batches are split into contiguous blocks, one per DataLoader worker; the
+DataLoader's in-order round robin interleaves them deterministically, which makes the position of
+every batch computable (exact mid-epoch resume).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recformer.data.schema import DataError
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    file: int
+    """Index into ``SplitIndex.files``."""
+    index: int
+    """Row group index in that file."""
+    rows: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of one row group."""
+
+    group: RowGroup
+    start: int
+    stop: int
+
+
+@dataclass
+class SplitIndex:
+    """Files and row groups of one split, read from the footers."""
+
+    name: str
+    files: list[str]
+    groups: list[RowGroup]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(g.rows for g in self.groups)
+
+    @classmethod
+    def from_paths(cls, name: str, paths: list[str | Path]) -> SplitIndex:
+        files, groups = [], []
+        for p in sorted(str(p) for p in paths):
+            meta = read_footer(p)
+            fi = len(files)
+            files.append(p)
+            groups += [RowGroup(fi, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+        groups = [g for g in groups if g.rows > 0]
+        index = cls(name, files, groups)
+        if index.num_rows == 0:
+            raise DataError(f"{name} split: the files {files or '(none)'} hold no rows; expected a non-empty dataset")
+        return index
+
+
+def read_footer(path: str) -> pq.FileMetaData:
+    """The footer of ``path``, or an error saying the file is truncated or not Parquet."""
+    try:
+        return pq.ParquetFile(path).metadata
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
+
+
+def list_split_files(root: str | Path, split: str) -> list[Path]:
+    """``root/split/*.parquet`` (or ``root/split.parquet``), sorted; an error if there are none."""
+    root = Path(root)
+    d = root / split
+    files = sorted(d.glob("*.parquet")) if d.is_dir() else []
+    if not files and (root / f"{split}.parquet").is_file():
+        files = [root / f"{split}.parquet"]
+    if not files:
+        raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")
+    return files
+
+
+def epoch_order(index: SplitIndex, seed: int, epoch: int, shuffle: bool) -> list[RowGroup]:
+    if not shuffle:
+        return list(index.groups)
+    rng = np.random.default_rng([seed, epoch, 0x5EED])
+    return [index.groups[i] for i in rng.permutation(len(index.groups))]
+
+
+def rank_range(n_rows: int, rank: int, world: int, pad: bool) -> tuple[int, int]:
+    """Global positions ``[start, stop)`` of ``rank``; with ``pad`` they may run past ``n_rows``
+    (wrap around) so that every rank has ``ceil(n_rows / world)`` positions."""
+    if pad:
+        per = math.ceil(n_rows / world)
+        return rank * per, (rank + 1) * per
+    return rank * n_rows // world, (rank + 1) * n_rows // world
+
+
+def num_batches(rows: int, batch_size: int, drop_last: bool) -> int:
+    return rows // batch_size if drop_last else math.ceil(rows / batch_size)
+
+
+def worker_batches(n_batches: int, worker: int, n_workers: int) -> tuple[int, int]:
+    """Contiguous block ``[first, stop)`` of the rank's batch indices read by ``worker``."""
+    return worker * n_batches // n_workers, (worker + 1) * n_batches // n_workers
+
+
+def pieces_for(order: list[RowGroup], start: int, stop: int) -> list[Piece]:
+    """Row-group pieces covering global positions ``[start, stop)``, wrapping past the end."""
+    sizes = np.array([g.rows for g in order], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    out: list[Piece] = []
+    pos = start
+    while pos < stop:
+        p = pos % int(ends[-1])
+        i = int(np.searchsorted(ends, p, side="right"))
+        lo = p - int(ends[i] - sizes[i])
+        hi = min(int(sizes[i]), lo + (stop - pos))
+        out.append(Piece(order[i], lo, hi))
+        pos += hi - lo
+    return out
+
+
+def round_robin_resume(counts: list[int], consumed: int) -> tuple[list[int], list[int]]:
+    """Replay the DataLoader's in-order round robin (which skips exhausted workers) over workers
+    with ``counts`` batches each, for ``consumed`` batches. Returns the batches each worker had
+    delivered and the order in which the workers that still have batches would deliver next."""
+    n = len(counts)
+    if consumed > sum(counts):
+        raise ValueError(f"cannot skip {consumed} batches: the epoch has only {sum(counts)}")
+    taken = [0] * n
+    w = 0
+    for _ in range(consumed):
+        while taken[w] >= counts[w]:
+            w = (w + 1) % n
+        taken[w] += 1
+        w = (w + 1) % n
+    order = [(w + k) % n for k in range(n) if taken[(w + k) % n] < counts[(w + k) % n]]
+    return taken, order

@@ -1,0 +1,151 @@
+"""The streaming DataModule: sharding, equal batch counts, reshuffling, exact resume, decoding."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from recformer.data.datamodule import RecDataLoader, RecDataModule
+from recformer.data.dataset import ParquetStream, StreamPlan
+from recformer.data.shards import pieces_for, round_robin_resume
+
+TRAIN_ROWS = 300 + 170 + 45
+
+
+def make_stream(dm: RecDataModule, split: str, train: bool, rank: int, world: int, bs: int) -> ParquetStream:
+    dm.setup()
+    return ParquetStream(
+        dm.splits[split], dm.spec, batch_size=bs, train=train, shuffle=True, seed=3, window=96,
+        plan=StreamPlan(rank=rank, world=world),
+    )
+
+
+def row_ids(loader) -> list[int]:
+    return [int(r) for b in loader for r in b.keys[:, 0]]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_eval_shards_disjoint_and_complete(tiny_data, world, workers):
+    dm = RecDataModule(str(tiny_data), num_workers=workers, validate="footer")
+    seen = []
+    for rank in range(world):
+        s = make_stream(dm, "train", train=False, rank=rank, world=world, bs=32)
+        s.plan.num_workers = max(1, workers)
+        seen += row_ids(RecDataLoader(s, num_workers=workers))
+    assert sorted(seen) == list(range(TRAIN_ROWS))  # every row exactly once across ranks and workers
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_train_ranks_get_equal_batches_and_cover_all_rows(tiny_data, world, workers):
+    dm = RecDataModule(str(tiny_data), num_workers=workers, validate="footer")
+    per_rank_batches, seen = [], []
+    for rank in range(world):
+        s = make_stream(dm, "train", train=True, rank=rank, world=world, bs=32)
+        loader = RecDataLoader(s, num_workers=workers)
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        per_rank_batches.append(len(batches))
+        seen += [int(r) for b in batches for r in b.keys[:, 0]]
+    assert len(set(per_rank_batches)) == 1, per_rank_batches
+    assert set(seen) == set(range(TRAIN_ROWS))
+    # Padding repeats at most world - 1 rows, each once.
+    assert len(seen) == math.ceil(TRAIN_ROWS / world) * world
+    assert max(Counter(seen).values()) <= 2
+
+
+def test_reshuffles_per_epoch_and_is_reproducible(tiny_data):
+    dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, shuffle_window=96, seed=5)
+    loader = dm.train_dataloader()  # no trainer: epoch counts iterations
+    e0, e1 = row_ids(loader), row_ids(loader)
+    assert sorted(e0) == sorted(e1) == list(range(TRAIN_ROWS))
+    assert e0 != e1
+    again = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, shuffle_window=96, seed=5)
+    assert row_ids(again.train_dataloader()) == e0
+    other_seed = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, shuffle_window=96, seed=6)
+    assert row_ids(other_seed.train_dataloader()) != e0
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("consumed", [0, 1, 4, 7, 13, 15])
+def test_resume_mid_epoch_is_exact(tiny_data, workers, consumed):
+    make = lambda: RecDataModule(str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96,
+                                 validate="footer")
+    ref = [b.keys[:, 0].tolist() for b in make().train_dataloader()]
+    assert len(ref) == 17  # ceil(515 / 32): three workers get unequal blocks
+    loader = make().train_dataloader()
+    it = iter(loader)
+    head = [next(it).keys[:, 0].tolist() for _ in range(consumed)]
+    state = loader.state_dict()
+    del it
+    resumed = make().train_dataloader()
+    resumed.load_state_dict(state)
+    tail = [b.keys[:, 0].tolist() for b in resumed]
+    assert head + tail == ref
+
+
+def test_resume_refuses_a_different_setup(tiny_data):
+    a = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer").train_dataloader()
+    b = RecDataModule(str(tiny_data), batch_size=16, num_workers=0, validate="footer").train_dataloader()
+    with pytest.raises(ValueError, match="batch_size"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_round_robin_replay_matches_dataloader_order():
+    # Worker blocks of 3, 2, 2 batches: round robin 0,1,2,0,1,2,0.
+    taken, order = round_robin_resume([3, 2, 2], 5)
+    assert taken == [2, 2, 1] and order == [2, 0]
+    taken, order = round_robin_resume([3, 2, 2], 6)
+    assert taken == [2, 2, 2] and order == [0]
+    with pytest.raises(ValueError):
+        round_robin_resume([1, 1], 3)
+
+
+def test_pieces_wrap_around_row_groups(tiny_data):
+    dm = RecDataModule(str(tiny_data), validate="footer")
+    dm.setup("fit")
+    groups = dm.splits["train"].groups
+    pieces = pieces_for(groups, TRAIN_ROWS - 10, TRAIN_ROWS + 70)
+    assert sum(p.stop - p.start for p in pieces) == 80
+    assert pieces[0].group == groups[-1] and pieces[1].group == groups[0] and pieces[1].start == 0
+
+
+def test_decoded_history_matches_reference(tiny_data):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, shuffle=False, validate="footer")
+    dm.setup("fit")
+    L = dm.spec.sequence.max_len
+    table = pq.read_table(tiny_data / "train" / "part-00000.parquet").to_pylist()
+    by_id = {r["row_id"]: r for r in table}
+    batch = next(iter(dm.val_dataloader()))
+    for split_file in [tiny_data / "val" / "part-00000.parquet"]:
+        by_id.update({r["row_id"]: r for r in pq.read_table(split_file).to_pylist()})
+    for i in range(len(batch)):
+        r = by_id[int(batch.keys[i, 0])]
+        items, acts, gaps = r["hist_items"][-L:], r["hist_actions"][-L:], r["hist_gaps"][-L:]
+        pad = L - len(items)
+        assert batch.hist_mask[i].tolist() == [False] * pad + [True] * len(items)
+        assert batch.hist_item[i].tolist() == [0] * pad + [x + 1 for x in items]
+        assert batch.hist_cat[i, :, 0].tolist() == [0] * pad + [a + 1 for a in acts]
+        want_gap = [0] * pad + [min(int(np.floor(np.log2(1 + g / 60.0))), 7) + 1 for g in gaps]
+        assert batch.hist_gap[i].tolist() == want_gap
+        assert int(batch.target_item[i]) == r["item_id"] + 1
+        assert int(batch.cat[i, 1]) == ["ios", "android", "web"].index(r["device"]) + 1
+        expect_act = np.sign(r["activity"]) * np.log1p(abs(r["activity"]))
+        assert float(batch.dense[i, 0]) == pytest.approx((expect_act - 1.0) / 2.0, rel=1e-5)
+        assert batch.emb[i].tolist() == pytest.approx(r["query_vec"])
+
+
+def test_item_tables_follow_the_side_table(tiny_data):
+    dm = RecDataModule(str(tiny_data), validate="footer")
+    content, feats = dm.item_tables()
+    side = pq.read_table(tiny_data / "items.parquet").to_pydict()
+    assert content.shape == (51, 8) and content.dtype == torch.float16
+    assert torch.all(content[0] == 0) and feats[0, 0] == 0  # OOV row
+    assert content[1 + 7].tolist() == pytest.approx(side["content"][7], abs=1e-3)
+    assert feats[1 + 7, 0] == side["cluster"][7] + 1
