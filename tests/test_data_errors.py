@@ -1,0 +1,226 @@
+"""Every bad input is reported before the first batch, naming the file, column (and row group)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from recformer.config import FeatureSpec
+from recformer.data.datamodule import RecDataModule
+from recformer.data.schema import DataError
+from tests.conftest import log_table, write_tiny_data
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return write_tiny_data(tmp_path / "d", train_files=(100, 60), val_rows=40, test_rows=30, row_group=32)
+
+
+def replace_file(path: Path, table: pa.Table) -> None:
+    pq.write_table(table, path, row_group_size=32)
+
+
+def set_col(table: pa.Table, name: str, arr) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, arr)
+
+
+def setup_error(data: Path, match: str) -> str:
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0)
+    with pytest.raises(DataError, match=match) as e:
+        dm.setup("fit")
+    return str(e.value)
+
+
+def target(data: Path) -> tuple[Path, pa.Table]:
+    p = data / "train" / "part-00001.parquet"
+    return p, pq.read_table(p)
+
+
+def test_missing_column_names_file_and_column(data):
+    p, t = target(data)
+    replace_file(p, t.drop_columns(["age"]))
+    msg = setup_error(data, "age")
+    assert str(p) in msg and "missing" in msg
+
+
+def test_wrong_type(data):
+    p, t = target(data)
+    replace_file(p, set_col(t, "hour", pa.array([str(x) for x in t["hour"].to_pylist()])))
+    msg = setup_error(data, "'hour'")
+    assert str(p) in msg and "expected integer" in msg
+
+
+def test_null_label(data):
+    p, t = target(data)
+    y = t["label"].to_pylist()
+    y[40] = None
+    replace_file(p, set_col(t, "label", pa.array(y, pa.int8())))
+    msg = setup_error(data, "null")
+    assert str(p) in msg and "'label'" in msg and "row group 1" in msg
+
+
+def test_label_outside_unit_interval(data):
+    p, t = target(data)
+    replace_file(p, set_col(t, "label", pa.array(np.where(np.arange(t.num_rows) == 3, 2, 0).astype(np.int8))))
+    msg = setup_error(data, r"outside \[0, 1\]")
+    assert str(p) in msg and "'label'" in msg
+
+
+def test_negative_ids(data):
+    p, t = target(data)
+    ids = t["item_id"].to_numpy().copy()
+    ids[5] = -3
+    replace_file(p, set_col(t, "item_id", pa.array(ids)))
+    msg = setup_error(data, "negative")
+    assert str(p) in msg and "'item_id'" in msg
+
+
+def test_negative_ids_inside_history(data):
+    p, t = target(data)
+    h = t["hist_items"].to_pylist()
+    first = next(i for i, x in enumerate(h) if x)
+    h[first][0] = -1
+    replace_file(p, set_col(t, "hist_items", pa.array(h, pa.list_(pa.int32()))))
+    assert str(p) in setup_error(data, "'hist_items'.*negative")
+
+
+def test_nan_in_dense(data):
+    p, t = target(data)
+    x = t["age"].to_numpy().copy()
+    x[7] = np.nan
+    replace_file(p, set_col(t, "age", pa.array(x)))
+    msg = setup_error(data, "NaN or Inf")
+    assert str(p) in msg and "'age'" in msg
+
+
+def test_inf_in_embedding(data):
+    p, t = target(data)
+    v = t["query_vec"].to_pylist()
+    v[2][1] = float("inf")
+    replace_file(p, set_col(t, "query_vec", pa.array(v, pa.list_(pa.float32(), 4))))
+    msg = setup_error(data, "NaN or Inf")
+    assert str(p) in msg and "'query_vec'" in msg
+
+
+def test_embedding_of_wrong_length(data):
+    p, t = target(data)
+    v = t["query_vec"].to_pylist()
+    v[4] = v[4][:3]
+    replace_file(p, set_col(t, "query_vec", pa.array(v, pa.list_(pa.float32()))))
+    msg = setup_error(data, "dim=4")
+    assert str(p) in msg and "'query_vec'" in msg
+
+
+def test_misaligned_list_columns(data):
+    p, t = target(data)
+    a = t["hist_actions"].to_pylist()
+    a[10] = a[10] + [1]
+    replace_file(p, set_col(t, "hist_actions", pa.array(a, pa.list_(pa.int8()))))
+    msg = setup_error(data, "differ in length")
+    assert str(p) in msg and "'hist_items'" in msg and "'hist_actions'" in msg
+
+
+def test_negative_time_gap(data):
+    p, t = target(data)
+    g = t["hist_gaps"].to_pylist()
+    first = next(i for i, x in enumerate(g) if x)
+    g[first][-1] = -5.0
+    replace_file(p, set_col(t, "hist_gaps", pa.array(g, pa.list_(pa.float32()))))
+    assert str(p) in setup_error(data, "'hist_gaps'.*negative")
+
+
+def test_truncated_file(data):
+    p, _ = target(data)
+    raw = p.read_bytes()
+    p.write_bytes(raw[: len(raw) // 2])
+    msg = setup_error(data, "not a readable Parquet file")
+    assert str(p) in msg
+
+
+def test_corrupt_page_is_reported_with_row_group(data):
+    # A footer that parses but a column chunk that does not: found by the full value check.
+    p, t = target(data)
+    raw = bytearray(p.read_bytes())
+    meta = pq.ParquetFile(p).metadata
+    chunk = meta.row_group(1).column(t.schema.get_field_index("age"))
+    start = chunk.data_page_offset
+    raw[start : start + 40] = bytes(40)
+    p.write_bytes(bytes(raw))
+    msg = setup_error(data, "row group 1")
+    assert str(p) in msg
+
+
+def test_empty_dataset(data):
+    for f in (data / "val").glob("*.parquet"):
+        replace_file(f, pq.read_table(f).slice(0, 0))
+    assert "no rows" in setup_error(data, "val split")
+
+
+def test_no_files(data):
+    shutil.rmtree(data / "val")
+    msg = setup_error(data, "no Parquet files")
+    assert str(data / "val") in msg
+
+
+def test_spec_names_a_column_the_data_lacks(data):
+    spec = FeatureSpec.load(data / "spec.yaml")
+    spec.dense[1].name = "not_there"
+    spec.save(data / "spec.yaml")
+    assert "not_there" in setup_error(data, "missing")
+
+
+def test_unknown_spec_key_is_named(data):
+    text = (data / "spec.yaml").read_text().replace("label: label", "label: label\nlabels: oops")
+    (data / "spec.yaml").write_text(text)
+    with pytest.raises(ValueError, match="labels"):
+        RecDataModule(str(data))
+
+
+def test_side_table_id_outside_vocab(data):
+    t = pq.read_table(data / "items.parquet")
+    pq.write_table(set_col(t, "item_id", pc.add(t["item_id"], 10)), data / "items.parquet")
+    with pytest.raises(DataError, match="items.parquet.*vocab_size"):
+        RecDataModule(str(data)).item_tables()
+
+
+def test_unknown_ids_go_to_oov_and_are_counted(data):
+    p, t = target(data)
+    ids = t["item_id"].to_numpy().copy()
+    ids[:5] = 10_000  # beyond vocab_size
+    dev = t["device"].to_pylist()
+    dev[:3] = ["fridge"] * 3
+    t = set_col(set_col(t, "item_id", pa.array(ids)), "device", pa.array(dev))
+    replace_file(p, t)
+    dm = RecDataModule(str(data), batch_size=512, num_workers=0, shuffle=False)
+    dm.setup("fit")
+    assert dm.oov_report["train"]["item_id"] == 5
+    assert dm.oov_report["train"]["device"] == 3
+    batches = list(dm.train_dataloader())
+    total_rows = sum(len(b) for b in batches)
+    assert total_rows == 160  # nothing dropped
+    oov = sum(b.oov for b in batches)
+    assert oov[dm.oov_fields.index("item_id")] == 5 and oov[dm.oov_fields.index("device")] == 3
+    rows = [b for b in batches][0]
+    unknown = rows.keys[:, 0] >= 100  # rows of part-00001 start at row_id 100
+    assert (rows.target_item[unknown][:5] == 0).all()
+
+
+def test_footer_mode_still_checks_values_when_reading(data):
+    p, t = target(data)
+    replace_file(p, set_col(t, "label", pa.array(np.full(t.num_rows, 3, np.int8))))
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0, validate="footer")
+    dm.setup("fit")  # schemas are fine
+    with pytest.raises(DataError, match=r"outside \[0, 1\]"):
+        list(dm.train_dataloader())
+
+
+def test_log_table_fixture_is_valid():
+    # Guards the fixture the error tests mutate: a clean table decodes.
+    t = log_table(10, 0, seed=1)
+    assert t.num_rows == 10 and "hist_items" in t.column_names
