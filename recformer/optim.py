@@ -1,0 +1,263 @@
+"""AdamW parameter groups from explicit rules, muP learning-rate scaling, and the LR schedule.
+
+Groups (DESIGN section 5): every trainable parameter is classified by the model itself
+(``ranker.param_kinds()``: name -> "hidden" | "embedding" | "vector" | "readout"), then placed by an
+ordered list of ``GroupRule``; the first rule that matches wins. Coverage is checked both ways: a
+parameter that no rule matches raises, and so does a rule that matches nothing (unless that rule is
+marked ``allow_empty``), so a renamed module can never silently move a matrix out of weight decay.
+
+muP (Yang et al. 2022, "Tensor Programs V", Table 3, Adam column; the ``mup`` package's MuAdam):
+with width multiplier m = d_model / base_d_model,
+
+- hidden matrices (both dimensions grow with width): Adam LR / m;
+- embedding tables (only the output dimension grows): base LR;
+- vectors (norm gains, biases): base LR;
+- readout (only the input dimension grows): base LR, *because* the 1/m factor lives in the
+  forward pass (the model scales the readout input by 1/m, like ``mup.MuReadout``'s output
+  multiplier). Tensor Programs V gives two equivalent parametrisations for the output layer; we
+  keep the multiplier in the forward so the readout's Adam step needs no width correction here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from recformer.config import OptimConfig
+
+PARAM_KINDS = ("hidden", "embedding", "vector", "readout")
+"""The kinds a model's ``param_kinds()`` may assign to a parameter."""
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """One parameter group: which parameters it takes, and how AdamW treats them."""
+
+    name: str
+    """Group name, logged and stored under the optimizer group's "name" key."""
+    match: Callable[[str, str, int], bool]
+    """Predicate on (parameter name, kind, ndim)."""
+    matches_doc: str
+    """What ``match`` accepts, in words (quoted in coverage errors)."""
+    decay: bool
+    """Apply ``OptimConfig.weight_decay`` (decoupled) to this group; otherwise 0."""
+    mup_lr_div_width: bool
+    """Under muP, divide the LR by the width multiplier m (hidden matrices only, Tensor Programs V)."""
+    allow_empty: bool = False
+    """Allow this rule to match no parameter (optional parts, e.g. a model without a readout)."""
+
+    def lr_mult(self, width_mult: float, mup: bool) -> float:
+        return 1.0 / width_mult if (mup and self.mup_lr_div_width) else 1.0
+
+
+DEFAULT_RULES: tuple[GroupRule, ...] = (
+    GroupRule(
+        "hidden",
+        lambda name, kind, ndim: kind == "hidden" and ndim >= 2,
+        "kind 'hidden', ndim >= 2",
+        decay=True,
+        mup_lr_div_width=True,
+    ),
+    GroupRule(
+        "readout",
+        lambda name, kind, ndim: kind == "readout" and ndim >= 2,
+        "kind 'readout', ndim >= 2",
+        decay=True,
+        mup_lr_div_width=False,  # the 1/m multiplier is in the forward pass (module docstring)
+        allow_empty=True,
+    ),
+    GroupRule(
+        "embedding",
+        lambda name, kind, ndim: kind == "embedding" and ndim == 2,
+        "kind 'embedding', ndim == 2",
+        decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
+        mup_lr_div_width=False,
+    ),
+    GroupRule(
+        "vector",
+        lambda name, kind, ndim: kind == "vector" and ndim <= 1,
+        "kind 'vector', ndim <= 1",
+        decay=False,  # decaying norm gains toward 0 fights the normalisation
+        mup_lr_div_width=False,
+    ),
+)
+"""hidden matrices, readout, embedding tables, vectors (norm gains and biases)."""
+
+
+def _trainable_named_params(model: nn.Module, kinds: dict[str, str]) -> list[tuple[str, nn.Parameter]]:
+    """Unique trainable parameters with their names, after checking ``kinds`` against the model."""
+    # remove_duplicate=False: a tied parameter may be named in `kinds` under any of its aliases.
+    all_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    unique = list(model.named_parameters())
+    missing = sorted(n for n, p in unique if p.requires_grad and n not in kinds)
+    if missing:
+        raise ValueError(
+            f"param_kinds() gives no kind for these parameters: {missing}; "
+            f"map each one to one of {PARAM_KINDS}"
+        )
+    stale = sorted(set(kinds) - all_names)
+    if stale:
+        raise ValueError(f"param_kinds() names parameters the model does not have: {stale}")
+    bad = sorted(f"{n}={k!r}" for n, k in kinds.items() if k not in PARAM_KINDS)
+    if bad:
+        raise ValueError(f"param_kinds() gives unknown kinds {bad}; expected one of {PARAM_KINDS}")
+    return [(n, p) for n, p in unique if p.requires_grad]
+
+
+def build_param_groups(
+    model: nn.Module,
+    kinds: dict[str, str],
+    cfg: OptimConfig,
+    width_mult: float = 1.0,
+    mup: bool = False,
+    rules: Sequence[GroupRule] | None = None,
+) -> list[dict]:
+    """AdamW parameter groups, one per rule that matched something, in rule order.
+
+    Each group holds "params", "name", "lr" (cfg.lr times the rule's multiplier), "weight_decay",
+    "lr_mult" and "param_names" (for per-group logging). Frozen parameters are skipped.
+    """
+    if not (math.isfinite(width_mult) and width_mult > 0):
+        raise ValueError(f"width_mult={width_mult} must be a finite number > 0 (d_model / base_d_model)")
+    rules = tuple(DEFAULT_RULES if rules is None else rules)
+    names = [r.name for r in rules]
+    if len(set(names)) != len(names):
+        raise ValueError(f"rule names must be unique, found {names}")
+    members: dict[str, list[tuple[str, nn.Parameter]]] = {r.name: [] for r in rules}
+    unmatched = []
+    for pname, p in _trainable_named_params(model, kinds):
+        kind = kinds[pname]
+        rule = next((r for r in rules if r.match(pname, kind, p.ndim)), None)
+        if rule is None:
+            unmatched.append(f"{pname} (kind {kind!r}, ndim {p.ndim})")
+        else:
+            members[rule.name].append((pname, p))
+    if unmatched:
+        known = "; ".join(f"{r.name}: {r.matches_doc}" for r in rules)
+        raise ValueError(
+            f"no optimizer group rule matches {', '.join(unmatched)}. Rules: {known}. "
+            "Fix the kind in the model's param_kinds() or pass rules that cover it"
+        )
+    empty = [r.name for r in rules if not members[r.name] and not r.allow_empty]
+    if empty:
+        raise ValueError(
+            f"optimizer group rule(s) {empty} matched no trainable parameter; a rule that matches "
+            "nothing usually means the model's param_kinds() changed. Mark the rule allow_empty=True "
+            "if it is optional"
+        )
+    groups = []
+    for r in rules:
+        if not members[r.name]:
+            continue
+        mult = r.lr_mult(width_mult, mup)
+        groups.append(
+            {
+                "name": r.name,
+                "params": [p for _, p in members[r.name]],
+                "param_names": [n for n, _ in members[r.name]],
+                "lr": cfg.lr * mult,
+                "lr_mult": mult,
+                "weight_decay": cfg.weight_decay if r.decay else 0.0,
+            }
+        )
+    return groups
+
+
+def describe_groups(groups: Sequence[dict]) -> list[str]:
+    """One log line per group: tensors, elements, LR, weight decay."""
+    lines = []
+    for i, g in enumerate(groups):
+        numel = sum(p.numel() for p in g["params"])
+        lines.append(
+            f"optimizer group {g.get('name', i)!s:<10} {len(g['params']):>4} tensors {numel:>12,} params"
+            f"  lr {g['lr']:.3e}  weight_decay {g['weight_decay']:g}"
+        )
+    return lines
+
+
+def _fused_supported() -> Sequence[str]:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # older torch: CUDA only
+        return ("cuda",)
+    return _get_fused_kernels_supported_devices()
+
+
+def build_optimizer(
+    model: nn.Module,
+    kinds: dict[str, str],
+    cfg: OptimConfig,
+    width_mult: float = 1.0,
+    mup: bool = False,
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
+    """AdamW over ``build_param_groups``; decoupled weight decay per group (Loshchilov & Hutter 2019).
+
+    ``fused=None`` picks the fused kernel when every parameter is on CUDA (one kernel launch per
+    step instead of a handful per tensor list), the multi-tensor ``foreach`` path otherwise.
+    """
+    groups = build_param_groups(model, kinds, cfg, width_mult, mup)
+    params = [p for g in groups for p in g["params"]]
+    on_cuda = bool(params) and all(p.is_cuda for p in params)
+    if fused is None:
+        fused = on_cuda and "cuda" in _fused_supported()
+    elif fused:
+        devices = sorted({p.device.type for p in params})
+        unsupported = [d for d in devices if d not in _fused_supported()]
+        if unsupported:
+            raise ValueError(
+                f"fused=True but fused AdamW does not support devices {unsupported}; use fused=None"
+            )
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,  # default only; every group sets its own
+        fused=fused,
+        foreach=None if fused else True,
+    )
+
+
+def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """LR multiplier at ``step``: linear warmup 0 -> 1 over ``cfg.warmup_steps``, then cosine or
+    linear decay to ``cfg.min_lr_ratio`` at ``total_steps`` (held there after), or constant 1."""
+    if step < cfg.warmup_steps:
+        return step / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    if cfg.schedule == "cosine":
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cfg.schedule == "linear":
+        return 1.0 - (1.0 - cfg.min_lr_ratio) * progress
+    raise ValueError(f"schedule={cfg.schedule!r} is not one of 'cosine', 'linear', 'constant'")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over ``lr_lambda``. LambdaLR multiplies each group's *initial* LR, so the per-group
+    muP multipliers survive the schedule. Step it once per optimizer step."""
+    if cfg.schedule not in ("cosine", "linear", "constant"):
+        raise ValueError(f"schedule={cfg.schedule!r} is not one of 'cosine', 'linear', 'constant'")
+    if cfg.schedule != "constant":
+        if not math.isfinite(total_steps):
+            raise ValueError(
+                f"schedule={cfg.schedule!r} needs a finite number of training steps; set trainer.max_steps "
+                "(or max_epochs with a sized dataset), or use schedule='constant'"
+            )
+        if total_steps <= cfg.warmup_steps:
+            raise ValueError(
+                f"total_steps={total_steps} must exceed warmup_steps={cfg.warmup_steps} for a "
+                f"{cfg.schedule} schedule; lower optim.warmup_steps or train longer"
+            )
+    fn = functools.partial(
+        lr_lambda, cfg=cfg, total_steps=int(total_steps) if math.isfinite(total_steps) else 0
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

@@ -1,0 +1,303 @@
+"""Metrics against slow reference implementations, and DDP reduction with 2 gloo CPU processes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from recformer.metrics import (
+    BinnedAUC,
+    Calibration,
+    GroupAUC,
+    LogLoss,
+    NormalizedEntropy,
+    StreamingEvaluator,
+    calibration,
+    calibration_table,
+    delong_ci,
+    exact_auc,
+    gauc,
+    logloss,
+    normalized_entropy,
+)
+
+
+def _data(n: int, seed: int, n_groups: int = 40, ties: bool = False):
+    """Logits that carry signal about the labels, per-user base rates, positive weights."""
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(0, n_groups, n)
+    user_bias = rng.normal(0, 1, n_groups)[groups]
+    labels = (rng.random(n) < 1 / (1 + np.exp(-(user_bias - 1)))).astype(np.float64)
+    logits = user_bias - 1 + 0.8 * labels + rng.normal(0, 1.2, n)
+    if ties:
+        logits = np.round(logits, 1)  # many exact ties, within and across classes
+    weights = rng.uniform(0.2, 3.0, n)
+    return groups, logits, labels, weights
+
+
+def _psi(a: float, b: float) -> float:
+    return 1.0 if a > b else 0.5 if a == b else 0.0
+
+
+def _pairwise_auc(s, y, w=None) -> float:
+    """O(n^2) reference: every (positive-weight, negative-weight) pair, ties one half."""
+    w = np.ones_like(s) if w is None else w
+    pos, neg = w * y, w * (1 - y)
+    num = sum(pos[i] * neg[j] * _psi(s[i], s[j]) for i in range(len(s)) for j in range(len(s)))
+    return num / (pos.sum() * neg.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Offline exact metrics
+# ----------------------------------------------------------------------------------------------
+
+
+def test_exact_auc_equals_pairwise_reference_with_ties_and_weights():
+    _, s, y, w = _data(300, seed=1, ties=True)
+    assert len(np.unique(s)) < 150  # the data really has ties
+    assert exact_auc(s, y, w) == pytest.approx(_pairwise_auc(s, y, w), abs=1e-12)
+    assert exact_auc(s, y) == pytest.approx(_pairwise_auc(s, y), abs=1e-12)
+    # Soft labels: a row counts w*y positive and w*(1-y) negative.
+    y_soft = np.random.default_rng(2).random(s.size)
+    assert exact_auc(s, y_soft, w) == pytest.approx(_pairwise_auc(s, y_soft, w), abs=1e-12)
+
+
+def test_exact_auc_known_values():
+    assert exact_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert exact_auc([1, 1, 1, 1], [0, 1, 0, 1]) == pytest.approx(0.5)  # all tied
+    assert exact_auc([3, 2, 1], [1, 0, 0]) == pytest.approx(1.0)
+
+
+def test_delong_se_matches_structural_components():
+    _, s, y, _ = _data(160, seed=3, ties=True)
+    x_pos, x_neg = s[y == 1], s[y == 0]
+    m, n = len(x_pos), len(x_neg)
+    psi = np.array([[_psi(a, b) for b in x_neg] for a in x_pos])  # m x n
+    v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
+    se_ref = math.sqrt(v10.var(ddof=1) / m + v01.var(ddof=1) / n)
+    auc, lo, hi, se = delong_ci(s, y, alpha=0.95)
+    assert auc == pytest.approx(psi.mean(), abs=1e-12)
+    assert se == pytest.approx(se_ref, rel=1e-10)
+    assert lo == pytest.approx(auc - 1.959963984540054 * se, abs=1e-9)
+    assert hi == pytest.approx(auc + 1.959963984540054 * se, abs=1e-9)
+
+
+def test_gauc_equals_per_user_loop():
+    g, s, y, w = _data(600, seed=4, n_groups=30, ties=True)
+    g[:5] = 999  # a group of one class only: must be left out
+    y[:5] = 1.0
+
+    def slow(weights):
+        num, den, used = 0.0, 0.0, 0
+        for u in np.unique(g):
+            m = g == u
+            if 0 < y[m].sum() < m.sum():
+                gw = m.sum() if weights is None else weights[m].sum()
+                num += gw * _pairwise_auc(s[m], y[m], None if weights is None else weights[m])
+                den += gw
+                used += 1
+        return num / den, used
+
+    for weights in (None, w):
+        value, used = gauc(g, s, y, weights)
+        ref, ref_used = slow(weights)
+        assert used == ref_used and used < len(np.unique(g))
+        assert value == pytest.approx(ref, abs=1e-12)
+    # String group keys give the same answer.
+    assert gauc(np.array([f"user-{u}" for u in g]), s, y)[0] == pytest.approx(slow(None)[0], abs=1e-12)
+
+
+def test_logloss_ne_calibration_equal_direct_formulas():
+    _, x, y, w = _data(500, seed=5)
+    p = 1 / (1 + np.exp(-x))
+    ll = -(w * (y * np.log(p) + (1 - y) * np.log(1 - p))).sum() / w.sum()
+    base = (w * y).sum() / w.sum()
+    h = -(base * np.log(base) + (1 - base) * np.log(1 - base))
+    assert logloss(x, y, w) == pytest.approx(ll, rel=1e-12)
+    assert normalized_entropy(x, y, w) == pytest.approx(ll / h, rel=1e-12)
+    assert calibration(x, y, w) == pytest.approx((w * p).sum() / (w * y).sum(), rel=1e-12)
+    # Stable at extreme logits where 1 - sigmoid(x) rounds to 0.
+    assert logloss([60.0, -60.0], [0, 1]) == pytest.approx(60.0, rel=1e-12)
+
+
+def test_calibration_table_per_bin_means():
+    _, x, y, w = _data(103, seed=6)
+    rows = calibration_table(x, y, bins=4, weights=w)
+    order = np.argsort(x)
+    cuts = np.linspace(0, 103, 5).round().astype(int)
+    assert [r["rows"] for r in rows] == list(np.diff(cuts))
+    for r, lo, hi in zip(rows, cuts[:-1], cuts[1:]):
+        idx = order[lo:hi]
+        p = 1 / (1 + np.exp(-x[idx]))
+        assert r["mean_pred"] == pytest.approx((w[idx] * p).sum() / w[idx].sum(), rel=1e-12)
+        assert r["mean_label"] == pytest.approx((w[idx] * y[idx]).sum() / w[idx].sum(), rel=1e-12)
+        assert r["pred_min"] <= r["mean_pred"] <= r["pred_max"]
+
+
+def test_offline_errors_name_the_problem():
+    with pytest.raises(ValueError, match="only one class"):
+        exact_auc([0.1, 0.2], [1, 1])
+    with pytest.raises(ValueError, match="labels hold 1 values outside"):
+        exact_auc([0.1, 0.2], [0, 2])
+    with pytest.raises(ValueError, match="non-finite"):
+        logloss([0.1, float("nan")], [0, 1])
+    with pytest.raises(ValueError, match="weights hold 1 values that are negative"):
+        gauc([1, 1], [0.1, 0.2], [0, 1], [1.0, -1.0])
+    with pytest.raises(ValueError, match="groups must be integers or strings"):
+        gauc([0.5, 0.5], [0.1, 0.2], [0, 1])
+    with pytest.raises(ValueError, match="no group holds both"):
+        gauc([1, 2], [0.1, 0.2], [0, 1])
+    with pytest.raises(ValueError, match="binary labels"):
+        delong_ci([0.1, 0.2, 0.3, 0.4], [0, 0.5, 1, 1])
+
+
+# ----------------------------------------------------------------------------------------------
+# torchmetrics
+# ----------------------------------------------------------------------------------------------
+
+
+def test_binned_auc_close_to_exact():
+    for seed in (7, 8):
+        g, x, y, w = _data(20_000, seed=seed)
+        x[:50] = 30.0  # beyond the bin range: clamped into the edge bin
+        m = BinnedAUC()
+        for chunk in np.array_split(np.arange(x.size), 7):
+            m.update(torch.tensor(x[chunk]), torch.tensor(y[chunk]), torch.tensor(w[chunk]))
+        assert float(m.compute()) == pytest.approx(exact_auc(x, y, w), abs=2e-3)
+    coarse = BinnedAUC(n_bins=4)  # a wrong bin rule would not be this far off, a right one is
+    coarse.update(torch.tensor(x), torch.tensor(y))
+    assert abs(float(coarse.compute()) - exact_auc(x, y)) > 5e-3
+
+
+def test_binned_auc_nan_logit_gives_nan():
+    m = BinnedAUC()
+    m.update(torch.tensor([0.1, float("nan"), 2.0]), torch.tensor([0.0, 1.0, 1.0]))
+    assert math.isnan(float(m.compute()))
+
+
+def test_torchmetrics_equal_offline_metrics():
+    g, x, y, w = _data(2_000, seed=9, ties=True)
+    t = {k: torch.tensor(v) for k, v in dict(g=g, x=x, y=y, w=w).items()}
+    for cls, ref in ((LogLoss, logloss), (NormalizedEntropy, normalized_entropy), (Calibration, calibration)):
+        m = cls()
+        m.update(t["x"][:700], t["y"][:700], t["w"][:700])
+        m.update(t["x"][700:], t["y"][700:], t["w"][700:])
+        assert float(m.compute()) == pytest.approx(ref(x, y, w), rel=1e-6), cls.__name__
+    m = GroupAUC()
+    m.update(t["x"][:900], t["y"][:900], t["g"][:900], t["w"][:900])
+    m.update(t["x"][900:], t["y"][900:], t["g"][900:], t["w"][900:])
+    # float32 storage of logits rounded to 0.1 keeps every tie and every order.
+    assert float(m.compute()) == pytest.approx(gauc(g, x, y, w)[0], abs=1e-6)
+
+
+def test_metric_update_checks_shapes():
+    with pytest.raises(ValueError, match="preds_logits shape"):
+        LogLoss().update(torch.zeros(3), torch.zeros(4))
+    with pytest.raises(ValueError, match="group must be an integer"):
+        GroupAUC().update(torch.zeros(3), torch.zeros(3), torch.zeros(3))
+
+
+def _metrics() -> dict[str, object]:
+    return {"auc": BinnedAUC(), "logloss": LogLoss(), "ne": NormalizedEntropy(), "gauc": GroupAUC()}
+
+
+def _update_all(metrics: dict, g, x, y, w) -> dict[str, float]:
+    for name, m in metrics.items():
+        if name == "gauc":
+            m.update(x, y, g, w)
+        else:
+            m.update(x, y, w)
+    return {name: float(m.compute()) for name, m in metrics.items()}
+
+
+def _ddp_worker(rank: int, world: int, init_file: str, data_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        g, x, y, w = torch.load(data_file)
+        cut = 1700  # uneven halves: the "cat" state of GroupAUC is padded and trimmed by torchmetrics
+        sl = slice(0, cut) if rank == 0 else slice(cut, None)
+        values = _update_all(_metrics(), g[sl], x[sl], y[sl], w[sl])
+        torch.save(values, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_reduction_equals_single_process(tmp_path):
+    g, x, y, w = (torch.tensor(a) for a in _data(3_000, seed=10, n_groups=50))
+    torch.save((g, x, y, w), tmp_path / "data.pt")
+    # fork, not spawn: a spawned child re-imports torchmetrics (~5 s each on a loaded 2-core box).
+    # Nothing here has started threads that fork could break (gloo is set up inside the children).
+    mp.start_processes(
+        _ddp_worker,
+        args=(2, str(tmp_path / "init"), str(tmp_path / "data.pt"), str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method="fork",
+    )
+    full = _update_all(_metrics(), g, x, y, w)
+    half = _update_all(_metrics(), g[:1700], x[:1700], y[:1700], w[:1700])
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name in full:
+            assert got[name] == pytest.approx(full[name], abs=1e-6), (rank, name)
+            assert abs(half[name] - full[name]) > 1e-5, name  # rank 0 alone would differ: reduction ran
+
+
+# ----------------------------------------------------------------------------------------------
+# StreamingEvaluator
+# ----------------------------------------------------------------------------------------------
+
+
+def _stream(ev: StreamingEvaluator, g, x, y, w, n_chunks: int = 9):
+    for chunk in np.array_split(np.arange(x.size), n_chunks):
+        ev.update(x[chunk], y[chunk], w[chunk], g[chunk])
+    return ev.compute()
+
+
+def test_streaming_in_memory_is_exact():
+    g, x, y, w = _data(4_000, seed=11, ties=True)
+    with StreamingEvaluator(calibration_bins=5) as ev:
+        r = _stream(ev, g, x, y, w)
+    assert r.auc_exact and r.rows == 4_000 and r.calibration_table_exact
+    assert r.auc == pytest.approx(exact_auc(x, y, w), abs=1e-12)
+    assert abs(r.auc_binned - r.auc) < 2e-3
+    assert math.isnan(r.auc_se)  # weighted: no DeLong interval
+    assert (r.gauc, r.gauc_groups) == pytest.approx(gauc(g, x, y, w), abs=1e-12)
+    assert r.logloss == pytest.approx(logloss(x, y, w), rel=1e-12)
+    assert r.ne == pytest.approx(normalized_entropy(x, y, w), rel=1e-12)
+    assert r.calibration == pytest.approx(calibration(x, y, w), rel=1e-12)
+    assert r.calibration_table == calibration_table(x, y, 5, w)
+    with StreamingEvaluator() as ev:
+        r = _stream(ev, g, x, y, np.ones_like(w))
+    assert (r.auc, r.auc_lo, r.auc_hi, r.auc_se) == pytest.approx(delong_ci(x, y), abs=1e-12)
+
+
+def test_streaming_spilled_gauc_stays_exact(tmp_path):
+    g, x, y, w = _data(5_000, seed=12, n_groups=300)
+    for groups in (g, np.array([f"u{u}" for u in g])):
+        # 500 rows in memory over 4 partitions of ~1250 rows: spills, and re-splits every partition.
+        with StreamingEvaluator(max_rows_in_memory=500, n_partitions=4, spill_dir=tmp_path) as ev:
+            r = _stream(ev, groups, x, y, w, n_chunks=23)
+            assert ev.spilled and any((ev._spill_dir / "part-000-split").glob("*.parquet"))
+        assert not r.auc_exact and not r.calibration_table_exact
+        assert (r.gauc, r.gauc_groups) == pytest.approx(gauc(g, x, y, w), abs=1e-12)
+        assert r.auc == r.auc_binned == pytest.approx(exact_auc(x, y, w), abs=2e-3)
+        assert r.logloss == pytest.approx(logloss(x, y, w), rel=1e-12)
+        assert sum(row["rows"] for row in r.calibration_table) == 5_000
+        assert list(tmp_path.iterdir()) == []  # close() removed the spill directory
+
+
+def test_streaming_rejects_bad_batches():
+    ev = StreamingEvaluator()
+    ev.update([0.1, 0.2], [0, 1], groups=[1, 2])
+    with pytest.raises(ValueError, match="batch starting at row 2.*labels hold 1 values outside"):
+        ev.update([0.1, 0.2], [0, 3], groups=[1, 2])
+    with pytest.raises(ValueError, match="groups given on some batches but not others"):
+        ev.update([0.1, 0.2], [0, 1])

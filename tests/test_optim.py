@@ -1,0 +1,170 @@
+"""Parameter groups (coverage, decay, muP), the LR schedule and decoupled weight decay."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from recformer.config import OptimConfig
+from recformer.optim import (
+    DEFAULT_RULES,
+    build_optimizer,
+    build_param_groups,
+    build_scheduler,
+    describe_groups,
+    lr_lambda,
+)
+
+
+class Toy(nn.Module):
+    """Embedding, a norm, two hidden linears (with biases), a head: one of every kind."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, d)
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d, bias=False)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, ids):
+        h = self.norm(self.emb(ids))
+        return self.head(h + self.down(torch.relu(self.up(h)))).squeeze(-1)
+
+
+KINDS = {
+    "emb.weight": "embedding",
+    "norm.weight": "vector",
+    "norm.bias": "vector",
+    "up.weight": "hidden",
+    "up.bias": "vector",
+    "down.weight": "hidden",
+    "head.weight": "readout",
+    "head.bias": "vector",
+}
+
+
+def _groups(model=None, kinds=KINDS, **kw):
+    return {g["name"]: g for g in build_param_groups(model or Toy(), kinds, OptimConfig(lr=1e-3), **kw)}
+
+
+def test_every_param_in_exactly_one_group():
+    model = Toy()
+    groups = build_param_groups(model, KINDS, OptimConfig())
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {id(p) for p in model.parameters()}
+    assert [g["name"] for g in groups] == ["hidden", "readout", "embedding", "vector"]
+    assert sorted(n for g in groups for n in g["param_names"]) == sorted(KINDS)
+
+
+def test_no_decay_on_norms_biases_embeddings():
+    g = _groups()
+    assert g["hidden"]["weight_decay"] == g["readout"]["weight_decay"] == 0.1
+    assert g["embedding"]["weight_decay"] == g["vector"]["weight_decay"] == 0.0
+    assert set(g["vector"]["param_names"]) == {"norm.weight", "norm.bias", "up.bias", "head.bias"}
+    assert g["embedding"]["param_names"] == ["emb.weight"]
+
+
+def test_mup_divides_hidden_lr_only():
+    g = _groups(width_mult=4.0, mup=True)
+    assert g["hidden"]["lr"] == pytest.approx(1e-3 / 4)
+    for name in ("readout", "embedding", "vector"):
+        assert g[name]["lr"] == pytest.approx(1e-3), name
+    g = _groups(width_mult=4.0, mup=False)
+    assert {x["lr"] for x in g.values()} == {1e-3}
+
+
+def test_empty_rule_raises_with_its_name():
+    kinds = {**KINDS, "head.weight": "hidden"}  # no readout left: allowed, the rule is optional
+    assert "readout" not in _groups(kinds=kinds)
+    strict = [replace(r, allow_empty=False) for r in DEFAULT_RULES]
+    with pytest.raises(ValueError, match=r"\['readout'\] matched no trainable parameter"):
+        _groups(kinds=kinds, rules=strict)
+    no_emb = {**KINDS, "emb.weight": "hidden"}
+    with pytest.raises(ValueError, match=r"\['embedding'\] matched no"):
+        _groups(kinds=no_emb)
+
+
+def test_unknown_and_unmatched_params_raise():
+    with pytest.raises(ValueError, match=r"no kind for these parameters: \['up.bias'\]"):
+        _groups(kinds={k: v for k, v in KINDS.items() if k != "up.bias"})
+    with pytest.raises(ValueError, match=r"does not have: \['ghost.weight'\]"):
+        _groups(kinds={**KINDS, "ghost.weight": "hidden"})
+    with pytest.raises(ValueError, match=r"unknown kinds \[\"up.bias='matrix'\"\]"):
+        _groups(kinds={**KINDS, "up.bias": "matrix"})
+    # A bias labelled hidden matches no default rule (hidden needs ndim >= 2): named, not decayed.
+    with pytest.raises(
+        ValueError, match=r"no optimizer group rule matches up.bias \(kind 'hidden', ndim 1\)\. Rules: hidden"
+    ):
+        _groups(kinds={**KINDS, "up.bias": "hidden"})
+
+
+def test_frozen_params_skipped_and_describe():
+    model = Toy()
+    model.emb.weight.requires_grad_(False)
+    kinds = {k: v for k, v in KINDS.items() if k != "emb.weight"}  # frozen: no kind needed
+    lenient = [replace(r, allow_empty=True) for r in DEFAULT_RULES]
+    groups = build_param_groups(model, kinds, OptimConfig(), rules=lenient)
+    assert "embedding" not in [g["name"] for g in groups]
+    lines = describe_groups(groups)
+    assert len(lines) == len(groups)
+    assert "hidden" in lines[0] and "2 tensors" in lines[0] and f"{16 * 32 * 2:,} params" in lines[0]
+
+
+def test_schedule_values():
+    cfg = OptimConfig(warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    assert lr_lambda(0, cfg, 110) == 0.0
+    assert lr_lambda(5, cfg, 110) == pytest.approx(0.5)
+    assert lr_lambda(10, cfg, 110) == pytest.approx(1.0)
+    assert lr_lambda(60, cfg, 110) == pytest.approx(0.55)  # halfway: min + (1 - min) / 2
+    assert lr_lambda(35, cfg, 110) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert lr_lambda(110, cfg, 110) == pytest.approx(0.1)
+    assert lr_lambda(500, cfg, 110) == pytest.approx(0.1)
+    lin = OptimConfig(warmup_steps=10, schedule="linear", min_lr_ratio=0.0)
+    assert lr_lambda(35, lin, 110) == pytest.approx(0.75)
+    const = OptimConfig(warmup_steps=10, schedule="constant")
+    assert lr_lambda(5, const, 0) == pytest.approx(0.5) and lr_lambda(1000, const, 0) == 1.0
+
+
+def test_scheduler_keeps_per_group_multipliers():
+    cfg = OptimConfig(lr=1e-2, warmup_steps=4, schedule="cosine")
+    opt = build_optimizer(Toy(), KINDS, cfg, width_mult=2.0, mup=True)
+    sched = build_scheduler(opt, cfg, total_steps=20)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    lrs = {g["name"]: g["lr"] for g in opt.param_groups}
+    assert lrs["hidden"] == pytest.approx(5e-3) and lrs["vector"] == pytest.approx(1e-2)
+    with pytest.raises(ValueError, match="total_steps=4 must exceed warmup_steps=4"):
+        build_scheduler(opt, cfg, total_steps=4)
+    with pytest.raises(ValueError, match="finite number of training steps"):
+        build_scheduler(opt, cfg, total_steps=float("inf"))
+
+
+def test_weight_decay_is_decoupled():
+    cfg = OptimConfig(lr=0.05, weight_decay=0.2, betas=(0.9, 0.95))
+    model = Toy()
+    opt = build_optimizer(model, KINDS, cfg)
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["foreach"] and not opt.defaults["fused"]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # zero gradient: Adam's step is exactly 0, only decay acts
+    opt.step()
+    for n, p in model.named_parameters():
+        shrink = 1 - 0.05 * 0.2 if KINDS[n] in ("hidden", "readout") else 1.0
+        torch.testing.assert_close(p.detach(), before[n] * shrink, rtol=0, atol=1e-7, msg=n)
+    # And it trains: a real gradient step lowers the loss.
+    ids, target = torch.arange(10), torch.linspace(-1, 1, 10)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = ((model(ids) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
