@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(doctor_main(argv[1:]) or 0)
     from recformer.cli import cli_main
 
-    cli_main(argv)
+    cli_main(None if argv == sys.argv[1:] else argv)
     return 0
 
 

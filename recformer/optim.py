@@ -73,8 +73,8 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
     ),
     GroupRule(
         "embedding",
-        lambda name, kind, ndim: kind == "embedding" and ndim == 2,
-        "kind 'embedding', ndim == 2",
+        lambda name, kind, ndim: kind == "embedding",
+        "kind 'embedding' (tables, input projections, learned CLS/slot vectors)",
         decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
         mup_lr_div_width=False,
     ),
@@ -195,13 +195,14 @@ def build_optimizer(
     width_mult: float = 1.0,
     mup: bool = False,
     fused: bool | None = None,
+    rules: Sequence[GroupRule] | None = None,
 ) -> torch.optim.AdamW:
     """AdamW over ``build_param_groups``; decoupled weight decay per group (Loshchilov & Hutter 2019).
 
     ``fused=None`` picks the fused kernel when every parameter is on CUDA (one kernel launch per
     step instead of a handful per tensor list), the multi-tensor ``foreach`` path otherwise.
     """
-    groups = build_param_groups(model, kinds, cfg, width_mult, mup)
+    groups = build_param_groups(model, kinds, cfg, width_mult, mup, rules)
     params = [p for g in groups for p in g["params"]]
     on_cuda = bool(params) and all(p.is_cuda for p in params)
     if fused is None:

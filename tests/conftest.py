@@ -106,8 +106,11 @@ def write_tiny_data(root: Path, train_files=(300, 170, 45), val_rows=120, test_r
     for split, sizes in (("train", train_files), ("val", (val_rows,)), ("test", (test_rows,))):
         (root / split).mkdir(exist_ok=True)
         for i, n in enumerate(sizes):
-            pq.write_table(log_table(n, row, seed=row + 1), root / split / f"part-{i:05d}.parquet",
-                           row_group_size=row_group)
+            pq.write_table(
+                log_table(n, row, seed=row + 1),
+                root / split / f"part-{i:05d}.parquet",
+                row_group_size=row_group,
+            )
             row += n
     return root
 

@@ -17,7 +17,9 @@ class Recorder(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.rows["train"].append(batch.keys[:, 0].tolist())
-        return torch.nn.functional.binary_cross_entropy_with_logits(self.lin(batch.dense).squeeze(-1), batch.label)
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            self.lin(batch.dense).squeeze(-1), batch.label
+        )
 
     def validation_step(self, batch, batch_idx):
         self.rows["val"].append(batch.keys[:, 0].tolist())
@@ -30,9 +32,17 @@ if __name__ == "__main__":
     data, out = sys.argv[1], sys.argv[2]
     model = Recorder()
     dm = RecDataModule(data, batch_size=32, num_workers=1, validate="footer")
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, dm)
     gathered = [None, None]
     torch.distributed.all_gather_object(gathered, model.rows)

@@ -28,21 +28,31 @@ class Recorder(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.seen.append((self.current_epoch, batch.keys[:, 0].tolist()))
-        return torch.nn.functional.binary_cross_entropy_with_logits(self.lin(batch.dense).squeeze(-1), batch.label)
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            self.lin(batch.dense).squeeze(-1), batch.label
+        )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def trainer(tmp_path, **kw) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path, **kw)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_killed_mid_epoch_and_resumed_sees_the_same_batches(tiny_data, tmp_path, workers):
-    dm = lambda: RecDataModule(str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96,
-                               validate="footer")
+    dm = lambda: RecDataModule(
+        str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96, validate="footer"
+    )
     ref = Recorder()
     trainer(tmp_path / "a", max_epochs=2, enable_checkpointing=False, limit_val_batches=0).fit(ref, dm())
     assert len(ref.seen) == 2 * 17
@@ -64,7 +74,10 @@ def test_two_process_ddp_on_uneven_files_finishes(tiny_data, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "ddp_data_script.py"), str(tiny_data), str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(out.read_text())

@@ -20,7 +20,13 @@ TRAIN_ROWS = 300 + 170 + 45
 def make_stream(dm: RecDataModule, split: str, train: bool, rank: int, world: int, bs: int) -> ParquetStream:
     dm.setup()
     return ParquetStream(
-        dm.splits[split], dm.spec, batch_size=bs, train=train, shuffle=True, seed=3, window=96,
+        dm.splits[split],
+        dm.spec,
+        batch_size=bs,
+        train=train,
+        shuffle=True,
+        seed=3,
+        window=96,
         plan=StreamPlan(rank=rank, world=world),
     )
 
@@ -75,8 +81,9 @@ def test_reshuffles_per_epoch_and_is_reproducible(tiny_data):
 @pytest.mark.parametrize("workers", [0, 2, 3])
 @pytest.mark.parametrize("consumed", [0, 1, 4, 7, 13, 15])
 def test_resume_mid_epoch_is_exact(tiny_data, workers, consumed):
-    make = lambda: RecDataModule(str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96,
-                                 validate="footer")
+    make = lambda: RecDataModule(
+        str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96, validate="footer"
+    )
     ref = [b.keys[:, 0].tolist() for b in make().train_dataloader()]
     assert len(ref) == 17  # ceil(515 / 32): three workers get unequal blocks
     loader = make().train_dataloader()

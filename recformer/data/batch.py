@@ -51,7 +51,9 @@ class Batch:
         return self.label.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+        return Batch(
+            **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)}
+        )
 
     def pin_memory(self) -> Batch:
         # DataLoader(pin_memory=True) calls this on custom batch types.

@@ -170,8 +170,11 @@ class RecDataModule(pl.LightningDataModule):
         """Item content [item_rows, content_dim] and item feature rows [item_rows, n_feats]."""
         content, feats, missing = load_item_tables(self.spec)
         if missing:
-            log.info("item side table: %d of %d known items have no row (zero content, OOV features)",
-                     missing, self.spec.item.vocab_size)
+            log.info(
+                "item side table: %d of %d known items have no row (zero content, OOV features)",
+                missing,
+                self.spec.item.vocab_size,
+            )
         return content, feats
 
     @property
@@ -196,8 +199,11 @@ class RecDataModule(pl.LightningDataModule):
                 self._validated.add(split)
                 unknown = {k: v for k, v in self.oov_report[split].items() if v}
                 if unknown:
-                    log.warning("%s split: unknown ids mapped to the OOV row (counted, not dropped): %s",
-                                split, unknown)
+                    log.warning(
+                        "%s split: unknown ids mapped to the OOV row (counted, not dropped): %s",
+                        split,
+                        unknown,
+                    )
 
     def index_split(self, split: str) -> SplitIndex:
         files = list_split_files(self.data_dir, split)
@@ -248,7 +254,9 @@ class RecDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> RecDataLoader:
         t = self.trainer
         epoch_fn = (lambda: t.current_epoch) if t is not None else None
-        progress_fn = (lambda: t.fit_loop.epoch_loop.batch_progress.current.processed) if t is not None else None
+        progress_fn = (
+            (lambda: t.fit_loop.epoch_loop.batch_progress.current.processed) if t is not None else None
+        )
         return self._loader(self._stream("train", train=True), epoch_fn=epoch_fn, progress_fn=progress_fn)
 
     def val_dataloader(self) -> RecDataLoader:
@@ -263,7 +271,9 @@ class RecDataModule(pl.LightningDataModule):
     def describe(self) -> str:
         lines = []
         for name, idx in self.splits.items():
-            lines.append(f"{name}: {idx.num_rows} rows in {len(idx.files)} file(s), {len(idx.groups)} row groups")
+            lines.append(
+                f"{name}: {idx.num_rows} rows in {len(idx.files)} file(s), {len(idx.groups)} row groups"
+            )
         return "\n".join(lines)
 
 

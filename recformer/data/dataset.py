@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from recformer.config import FeatureSpec
-from recformer.data.batch import Batch
 from recformer.data.decode import Decoded, Decoder
 from recformer.data.schema import DataError, Where
 from recformer.data.shards import (

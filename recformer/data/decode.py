@@ -62,7 +62,9 @@ class Decoded:
     def concat(parts: list[Decoded]) -> Decoded:
         if len(parts) == 1:
             return parts[0]
-        return Decoded(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Decoded)})
+        return Decoded(
+            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Decoded)}
+        )
 
     def take(self, idx: np.ndarray) -> Batch:
         """Rows ``idx`` as a Batch (ids widened to int64 for embedding/gather ops)."""
@@ -220,7 +222,8 @@ class Decoder:
         if len(lens) and (lens != dim).any():
             i = int(np.flatnonzero(lens != dim)[0])
             raise DataError(
-                f"{where}: column {name!r} row {i} has {lens[i]} values; the spec says dim={dim} for every row"
+                f"{where}: column {name!r} row {i} has {lens[i]} values; "
+                f"the spec says dim={dim} for every row"
             )
         vals = arr.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].astype(np.float32)
         check_finite(vals, where, name)
@@ -324,7 +327,11 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"item side table {path}: not a readable Parquet file ({e})") from None
     where = Where(str(path))
-    cols = [it.side_id_column] + ([it.content_column] if it.content_column else []) + [f.name for f in it.features]
+    cols = (
+        [it.side_id_column]
+        + ([it.content_column] if it.content_column else [])
+        + [f.name for f in it.features]
+    )
     missing = [c for c in cols if c not in table.column_names]
     if missing:
         raise DataError(f"{where}: column(s) {missing} named by item.* in the spec are missing")
@@ -340,7 +347,9 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
         raise DataError(f"{where}: column {it.side_id_column!r} has duplicate item ids")
     dec = Decoder(spec)
     if it.content_column:
-        vecs = dec._fixed_vectors(table.column(it.content_column).chunk(0), it.content_dim, it.content_column, where)
+        vecs = dec._fixed_vectors(
+            table.column(it.content_column).chunk(0), it.content_dim, it.content_column, where
+        )
         content[torch.from_numpy(ids + 1)] = torch.from_numpy(vecs).to(torch.float16)
     for j, f in enumerate(it.features):
         r, _ = dec._cat_rows(table.column(f.name).chunk(0), f, where)

@@ -44,7 +44,9 @@ def _is_int(t: pa.DataType) -> bool:
 
 
 def _is_str(t: pa.DataType) -> bool:
-    return pat.is_string(t) or pat.is_large_string(t) or (pat.is_dictionary(t) and pat.is_string(t.value_type))
+    return (
+        pat.is_string(t) or pat.is_large_string(t) or (pat.is_dictionary(t) and pat.is_string(t.value_type))
+    )
 
 
 def _is_num(t: pa.DataType) -> bool:

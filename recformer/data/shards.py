@@ -67,7 +67,9 @@ class SplitIndex:
         groups = [g for g in groups if g.rows > 0]
         index = cls(name, files, groups)
         if index.num_rows == 0:
-            raise DataError(f"{name} split: the files {files or '(none)'} hold no rows; expected a non-empty dataset")
+            raise DataError(
+                f"{name} split: the files {files or '(none)'} hold no rows; expected a non-empty dataset"
+            )
         return index
 
 

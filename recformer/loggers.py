@@ -1,0 +1,132 @@
+"""W&B that never costs a run (DESIGN section 7).
+
+``SafeWandbLogger`` defaults to offline mode. If wandb is not installed, cannot start, or fails
+while logging (no network in online mode, a full disk, a server error), it warns once and turns
+itself off; the other loggers (CSV) carry on and training continues. Lightning already restricts
+logging to rank 0 under DDP (``rank_zero_only``); this class keeps that behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+log = logging.getLogger(__name__)
+
+try:
+    from lightning.pytorch.loggers import WandbLogger
+except ImportError:  # pragma: no cover - lightning always ships it
+    WandbLogger = Logger  # type: ignore[misc,assignment]
+
+
+def _guarded(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(self: SafeWandbLogger, *args: Any, **kwargs: Any) -> Any:
+        if self.disabled:
+            return None
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any W&B failure must not stop training
+            self._disable(f"{fn.__name__} failed: {type(e).__name__}: {e}")
+            return None
+
+    return wrapper
+
+
+class SafeWandbLogger(WandbLogger):
+    def __init__(
+        self,
+        project: str = "recformer",
+        name: str | None = None,
+        save_dir: str = "runs",
+        online: bool = False,
+        init_timeout: float = 30.0,
+        **kwargs: Any,
+    ):
+        """
+        Args:
+            project: W&B project.
+            name: Run name (default: W&B's).
+            save_dir: Where the offline run directory goes (``save_dir/wandb``).
+            online: Sync live to the W&B server. Off by default: offline runs sync later with
+                ``wandb sync``, and a machine with no network never stalls.
+            init_timeout: Seconds W&B may take to start before it is given up on.
+        """
+        self.disabled = False
+        self._reason = ""
+        mode = os.environ.get("WANDB_MODE") or ("online" if online else "offline")
+        os.makedirs(save_dir, exist_ok=True)
+        try:
+            import wandb  # noqa: F401
+
+            settings = wandb.Settings(init_timeout=init_timeout, silent=True)
+            super().__init__(
+                project=project,
+                name=name,
+                save_dir=save_dir,
+                offline=mode != "online",
+                mode=mode,
+                settings=settings,
+                **kwargs,
+            )
+        except Exception as e:  # noqa: BLE001 - not installed / bad settings: continue without it
+            Logger.__init__(self)
+            self._disable(f"could not set up W&B ({type(e).__name__}: {e})")
+
+    def _disable(self, reason: str) -> None:
+        if not self.disabled:
+            rank_zero_warn(
+                f"W&B logging is off for this run: {reason}. Training continues; metrics "
+                "still go to the other loggers (CSV)."
+            )
+        self.disabled = True
+        self._reason = reason
+
+    @property
+    @_guarded
+    def experiment(self) -> Any:  # type: ignore[override]
+        return super().experiment
+
+    @rank_zero_only
+    @_guarded
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+
+    @rank_zero_only
+    @_guarded
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        super().log_hyperparams(params, *args, **kwargs)
+
+    @_guarded
+    def log_config(self, config: dict[str, Any]) -> None:
+        """The resolved CLI config, as the run's W&B config."""
+        exp = self.experiment
+        if exp is not None and hasattr(exp, "config"):
+            exp.config.update({"cli": config}, allow_val_change=True)
+
+    @rank_zero_only
+    @_guarded
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+
+    @_guarded
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        super().after_save_checkpoint(checkpoint_callback)
+
+    @property
+    def name(self) -> str | None:
+        return None if self.disabled else super().name
+
+    @property
+    def version(self) -> str | None:
+        return None if self.disabled else super().version
+
+    @property
+    def save_dir(self) -> str | None:
+        return None if self.disabled else super().save_dir

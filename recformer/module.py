@@ -1,0 +1,191 @@
+"""``RankerModule``: the one place where the model, the loss, the metrics and the optimizer meet.
+
+- One ``_shared_step`` for train / val / test: weighted BCE on logits.
+- AdamW groups from explicit rules (``recformer.optim``), muP LR multipliers from the model.
+- Non-finite gradients: the step is skipped on every rank (gradients are set to None, so AdamW
+  leaves weights *and* moments untouched), counted in ``health/nonfinite_steps``, and training stops
+  with a clear message after ``optim.max_nonfinite_steps`` in a row. Under DDP the gradients are
+  already all-reduced when this runs, so every rank takes the same decision without a collective,
+  and no rank returns None from ``training_step`` (which would hang DDP, DESIGN section 7).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics import MetricCollection
+
+from recformer.config import FeatureDims, OptimConfig, RankerConfig
+from recformer.data.batch import Batch
+from recformer.metric_names import NONFINITE_STEPS
+from recformer.metrics import BinnedAUC, Calibration, GroupAUC, LogLoss, NormalizedEntropy
+from recformer.model.baselines import Arch, build_model
+from recformer.optim import build_optimizer, build_scheduler, describe_groups
+
+log = logging.getLogger(__name__)
+
+Stage = Literal["train", "val", "test"]
+
+
+class RankerModule(pl.LightningModule):
+    def __init__(
+        self,
+        ranker: RankerConfig | None = None,
+        optim: OptimConfig | None = None,
+        dims: FeatureDims | None = None,
+        arch: Arch = "transformer",
+        compile: bool = False,
+    ):
+        """
+        Args:
+            ranker: The ranker's architecture and scale controls.
+            optim: AdamW, parameter groups, warmup and schedule.
+            dims: Feature sizes; linked from the DataModule (``data.feature_dims``) by the CLI.
+            arch: "transformer" (the ranker), or a baseline: "din" (target attention over the
+                history plus an MLP), "popularity" (a learned per-item positive rate).
+            compile: ``torch.compile`` the model in place (``nn.Module.compile``: state-dict keys
+                are unchanged, DESIGN section 7).
+        """
+        super().__init__()
+        self.model_cfg = ranker or RankerConfig()
+        self.optim_cfg = optim or OptimConfig()
+        if dims is None:
+            raise ValueError(
+                "RankerModule needs dims (FeatureDims); the CLI links them from data.feature_dims"
+            )
+        self.dims = dims
+        self.arch = arch
+        self.save_hyperparameters(
+            {
+                "ranker": self.model_cfg,
+                "optim": self.optim_cfg,
+                "dims": dims,
+                "arch": arch,
+                "compile": compile,
+            }
+        )
+        self.net = build_model(arch, self.model_cfg, dims)
+        self.compile_model = compile
+        metrics = lambda: {
+            "auc": BinnedAUC(),
+            "logloss": LogLoss(),
+            "ne": NormalizedEntropy(),
+            "calibration": Calibration(),
+        }
+        self.train_metrics = MetricCollection(metrics(), prefix="train/")
+        self.val_metrics = MetricCollection(metrics(), prefix="val/")
+        self.test_metrics = MetricCollection(metrics(), prefix="test/")
+        self.val_gauc = GroupAUC()
+        self.test_gauc = GroupAUC()
+        # Device-side counters: read on log steps only (no sync in the step path).
+        self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
+        self._nonfinite_in_a_row = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if stage == "fit" and dm is not None and hasattr(dm, "item_tables"):
+            # Item content vectors live in the model as buffers, so checkpoints are self-contained.
+            self.net.set_item_tables(*dm.item_tables())
+
+    def configure_model(self) -> None:
+        if self.compile_model and not getattr(self, "_compiled", False):
+            self.net.compile()  # in place: keeps state-dict keys (no `_orig_mod.`)
+            self._compiled = True
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        if isinstance(batch, Batch):
+            return batch.to(device, non_blocking=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.net(batch)
+
+    def _shared_step(self, batch: Batch, stage: Stage) -> torch.Tensor:
+        logits_B = self.net(batch).float()
+        w_B = batch.weight
+        loss = (F.binary_cross_entropy_with_logits(logits_B, batch.label, reduction="none") * w_B).sum()
+        loss = loss / w_B.sum().clamp_min(1e-12)
+        metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
+        metrics.update(logits_B.detach(), batch.label, w_B)
+        on_step = stage == "train"
+        self.log(
+            f"{stage}/loss",
+            loss,
+            on_step=on_step,
+            on_epoch=not on_step,
+            prog_bar=True,
+            batch_size=len(batch),
+            sync_dist=not on_step,
+        )
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch))
+        if stage != "train":
+            gauc = self.val_gauc if stage == "val" else self.test_gauc
+            gauc.update(logits_B.detach(), batch.label, batch.group, w_B)
+            self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch))
+        return loss
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        logits_B = self.net(batch).float()
+        return {"keys": batch.keys, "logit": logits_B, "score": torch.sigmoid(logits_B), "label": batch.label}
+
+    # -- non-finite guard ----------------------------------------------------------------------
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norms = torch.stack(torch._foreach_norm(grads))
+        # GPU sync, once per step, by necessity: deciding to skip the step needs a host-side answer
+        # (the same trade GradScaler makes). Gradients are all-reduced already, so ranks agree.
+        finite = bool(torch.isfinite(norms).all())
+        if finite:
+            self._nonfinite_in_a_row = 0
+            return
+        for p in self.parameters():
+            p.grad = None  # AdamW skips parameters without gradients: weights and moments untouched
+        self.nonfinite_total += 1
+        self._nonfinite_in_a_row += 1
+        self.log(NONFINITE_STEPS, self.nonfinite_total.float(), on_step=True, on_epoch=False)
+        log.warning(
+            "step %d: non-finite gradients, step skipped (%d in a row)",
+            self.global_step,
+            self._nonfinite_in_a_row,
+        )
+        limit = self.optim_cfg.max_nonfinite_steps
+        if self._nonfinite_in_a_row >= limit:
+            raise RuntimeError(
+                f"{self._nonfinite_in_a_row} optimizer steps in a row had non-finite gradients "
+                f"(limit optim.max_nonfinite_steps={limit}); the run diverged. Lower optim.lr, add "
+                "warmup (optim.warmup_steps), turn on model.qk_norm, or check the data for extreme values."
+            )
+
+    # -- optimizer -----------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.model_cfg
+        optimizer = build_optimizer(
+            self.net,
+            self.net.param_kinds(),
+            self.optim_cfg,
+            width_mult=cfg.width_mult,
+            mup=cfg.mup,
+            rules=getattr(self.net, "optimizer_rules", None),
+        )
+        for line in describe_groups(optimizer.param_groups):
+            log.info("optimizer group: %s", line)
+        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        scheduler = build_scheduler(optimizer, self.optim_cfg, total_steps=max(1, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
