@@ -304,11 +304,12 @@ class RankerConfig:
     norm_placement: NormPlacement = "pre"
     """Where the norms sit in each residual branch: post, pre, sandwich, reordered (OLMo 2), deepnorm."""
     norm: Literal["rms", "layer"] = "rms"
-    """RMSNorm or LayerNorm."""
+    """RMSNorm or LayerNorm, in the blocks and in QK-Norm (there gain-only)."""
     layernorm_scaling: bool = False
     """Scale each block's norm output by 1/sqrt(layer index), layers counted from 1 (Curse of Depth)."""
     qk_norm: Literal["none", "head", "full"] = "head"
-    """Normalise queries and keys before the dot product: per head, over the full width, or not."""
+    """Normalise queries and keys (learnable gain) before the dot product: per head, over the full
+    width, or not; bounds the attention logits however large the q/k weights grow."""
     init: InitMethod = "scaled"
     """Init method: normal(std), xavier, scaled (GPT-2, std/sqrt(2L) on residual-writing projections),
     depth (std/sqrt(2(l+1)) in block l), deepnorm (DeepNet beta), mup."""
@@ -344,6 +345,19 @@ class RankerConfig:
             raise ValueError("mup=True needs init='mup' (or set mup=False)")
         if self.init == "deepnorm" and self.norm_placement != "deepnorm":
             raise ValueError("init='deepnorm' only makes sense with norm_placement='deepnorm'")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std={self.init_std} must be > 0")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")
+        if self.base_d_model < 1:
+            raise ValueError(f"base_d_model={self.base_d_model} must be >= 1")
+        if self.mup and self.head_hidden != 0:
+            raise ValueError(
+                f"mup=True with head_hidden={self.head_hidden}: muP needs the head width to scale with "
+                "d_model; set head_hidden=0 (= 2 * d_model)"
+            )
+        if self.head_hidden < 0:
+            raise ValueError(f"head_hidden={self.head_hidden} must be >= 0 (0 = 2 * d_model)")
 
     @property
     def d_head(self) -> int:

@@ -1,0 +1,121 @@
+"""Multi-head self-attention with optional QK-Norm and a muP-aware logit scale.
+
+Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``H`` head width (D / N).
+
+Two paths share the projections:
+
+- training: ``F.scaled_dot_product_attention`` with the boolean key-padding mask. No hooks, no
+  ``.item()``, no branching on tensor values, so ``ranker.compile()`` captures it in one graph.
+- probe (``self.probe`` set to a dict by the ranker's stats path, always eager): the logits are
+  formed explicitly as ``q k^T`` so the max logit and the attention entropy can be read, which the
+  fused kernel never materialises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recformer.config import RankerConfig
+from recformer.model.norms import QKNorm
+
+
+def attention_scale(cfg: RankerConfig) -> float:
+    """Logit scale: 1/sqrt(H) (Vaswani et al. 2017), or 1/H under muP.
+
+    Under muP q and k become correlated after training, so q . k grows like H rather than sqrt(H);
+    1/H keeps the logits width-independent (Yang et al. 2022, Tensor Programs V, section 4).
+    """
+    return 1.0 / cfg.d_head if cfg.mup else 1.0 / math.sqrt(cfg.d_head)
+
+
+class Attention(nn.Module):
+    """Bidirectional multi-head attention over the valid tokens; returns the residual-branch update.
+
+    One fused ``qkv`` projection (rows: q, then k, then v) and one output projection ``out``, both
+    without bias (the norms carry the offsets; fewer kernels on the hot path).
+    """
+
+    def __init__(self, cfg: RankerConfig) -> None:
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = cfg.d_model, cfg.n_heads, cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.qk_norm = (
+            None if cfg.qk_norm == "none" else QKNorm(cfg.qk_norm, cfg.norm, cfg.d_model, cfg.d_head)
+        )
+        self.scale = attention_scale(cfg)
+        self.dropout = cfg.dropout
+        self.probe: dict[str, torch.Tensor] | None = None
+        """Set to a dict by the ranker's stats path: the next forward fills it and runs eagerly."""
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        """``attend_B11T`` is True where a key may be attended to (None = every token is valid)."""
+        B, T, D = x_BTD.shape
+        N, H = self.n_heads, self.d_head
+        qkv_BTX = self.qkv(x_BTD)
+        if self.qk_norm is not None and self.qk_norm.mode == "full":
+            q_BTD, k_BTD, v_BTD = qkv_BTX.split(D, dim=-1)
+            q_BTD = self.qk_norm.q_norm(q_BTD)  # QK-Norm over the full width (OLMo 2)
+            k_BTD = self.qk_norm.k_norm(k_BTD)
+            q_BTNH, k_BTNH, v_BTNH = (t.view(B, T, N, H) for t in (q_BTD, k_BTD, v_BTD))
+        else:
+            q_BTNH, k_BTNH, v_BTNH = qkv_BTX.view(B, T, 3, N, H).unbind(dim=2)
+            if self.qk_norm is not None:
+                q_BTNH = self.qk_norm.q_norm(q_BTNH)  # QK-Norm per head: bounds the logits
+                k_BTNH = self.qk_norm.k_norm(k_BTNH)
+        q_BNTH, k_BNTH, v_BNTH = (t.transpose(1, 2) for t in (q_BTNH, k_BTNH, v_BTNH))
+
+        if self.probe is None:
+            o_BNTH = F.scaled_dot_product_attention(
+                q_BNTH,
+                k_BNTH,
+                v_BNTH,
+                attn_mask=attend_B11T,
+                dropout_p=self.dropout if self.training else 0.0,
+                scale=self.scale,
+            )
+        else:
+            o_BNTH = self._explicit(q_BNTH, k_BNTH, v_BNTH, attend_B11T, self.probe)
+        o_BTD = o_BNTH.transpose(1, 2).reshape(B, T, D)
+        y_BTD = self.out(o_BTD)
+        return F.dropout(y_BTD, self.dropout, self.training) if self.dropout > 0 else y_BTD
+
+    def _explicit(
+        self,
+        q_BNTH: torch.Tensor,
+        k_BNTH: torch.Tensor,
+        v_BNTH: torch.Tensor,
+        attend_B11T: torch.Tensor | None,
+        probe: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """Attention with materialised logits; writes ``logit_max_N`` and ``entropy_N`` into ``probe``.
+
+        - ``logit_max_N``: max pre-softmax logit over valid queries and valid keys of the batch.
+        - ``entropy_N``: mean over valid queries of the softmax entropy / log(number of valid keys),
+          so 1 = uniform over the keys and 0 = one-hot.
+        """
+        B, _, T, _ = q_BNTH.shape
+        logit_BNTT = (q_BNTH @ k_BNTH.transpose(-2, -1)) * self.scale
+        if attend_B11T is None:
+            attend_B11T = torch.ones(B, 1, 1, T, dtype=torch.bool, device=q_BNTH.device)
+        logit_BNTT = logit_BNTT.masked_fill(~attend_B11T, float("-inf"))
+        # Softmax in at least fp32 (bf16 logits under autocast), like the fused kernel.
+        p_BNTT = torch.softmax(logit_BNTT, dim=-1, dtype=torch.promote_types(logit_BNTT.dtype, torch.float32))
+        p_drop = F.dropout(p_BNTT, self.dropout, self.training) if self.dropout > 0 else p_BNTT
+        o_BNTH = p_drop.to(v_BNTH.dtype) @ v_BNTH
+
+        with torch.no_grad():
+            query_B1T1 = attend_B11T.transpose(-1, -2)
+            probe["logit_max_N"] = logit_BNTT.masked_fill(~query_B1T1, float("-inf")).amax(dim=(0, 2, 3))
+            # 0 * log 0 = 0 for the masked keys (p is exactly 0 there).
+            plogp_BNTT = torch.where(p_BNTT > 0, p_BNTT * p_BNTT.clamp_min(1e-30).log(), 0.0)
+            ent_BNT = -plogp_BNTT.sum(dim=-1)
+            # CLS and target are always valid, so every sample has >= 2 keys and log(n) > 0.
+            log_keys_B11 = attend_B11T.sum(dim=-1).float().clamp_min(2.0).log()
+            query_B1T = query_B1T1.squeeze(-1).float()
+            probe["entropy_N"] = (ent_BNT / log_keys_B11 * query_B1T).sum(dim=(0, 2)) / query_B1T.sum()
+        return o_BNTH

@@ -1,0 +1,175 @@
+"""Transformer blocks: the MLP and one small class per norm placement (DESIGN section 4).
+
+Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width.
+
+Every block is attention + MLP, each a residual branch ``f``. The placements differ only in where
+the norms sit, so each class overrides ``forward`` in two lines:
+
+=============  ==========================================  =========================================
+placement      branch update                               why / source
+=============  ==========================================  =========================================
+``post``       x = Norm(x + f(x))                          original Transformer; starves the bottom
+                                                           layers of gradient when deep
+``pre``        x = x + f(Norm(x))                          GPT-2; stable, but deep layers idle
+``sandwich``   x = x + Norm(f(Norm(x)))                    CogView (Ding et al. 2021); bounds f
+``reordered``  x = x + Norm(f(x))                          OLMo 2 (2025); norm on the branch output
+``deepnorm``   x = Norm(alpha * x + f(x))                  DeepNet (Wang et al. 2022)
+=============  ==========================================  =========================================
+
+With ``layernorm_scaling`` every norm of block ``l`` (1-based) multiplies its output by 1/sqrt(l)
+(Sun et al. 2025, "The Curse of Depth"), which damps the variance growth of deep pre-norm stacks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recformer.config import RankerConfig
+from recformer.model.attention import Attention
+from recformer.model.norms import layer_scale, make_norm
+
+
+def mlp_hidden(cfg: RankerConfig) -> int:
+    """MLP hidden width M: mlp_ratio * D for GELU; 2/3 of that for SwiGLU, rounded up to 8, so both
+    have the same parameter count (Shazeer 2020)."""
+    hidden = cfg.mlp_ratio * cfg.d_model
+    if cfg.mlp == "swiglu":
+        return 8 * math.ceil(hidden * 2 / 3 / 8)
+    return max(1, round(hidden))
+
+
+class MLP(nn.Module):
+    """``down(act(up(x)))``: GELU, or SwiGLU with ``up`` holding the gate rows then the value rows."""
+
+    def __init__(self, cfg: RankerConfig) -> None:
+        super().__init__()
+        self.kind = cfg.mlp
+        self.hidden = mlp_hidden(cfg)
+        n_up = 2 * self.hidden if cfg.mlp == "swiglu" else self.hidden
+        self.up = nn.Linear(cfg.d_model, n_up, bias=False)
+        self.down = nn.Linear(self.hidden, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        u_BTX = self.up(x_BTD)
+        if self.kind == "swiglu":
+            gate_BTM, value_BTM = u_BTX.split(self.hidden, dim=-1)
+            h_BTM = F.silu(gate_BTM) * value_BTM
+        else:
+            h_BTM = F.gelu(u_BTX)
+        y_BTD = self.down(h_BTM)
+        return F.dropout(y_BTD, self.dropout, self.training) if self.dropout > 0 else y_BTD
+
+
+class Block(nn.Module):
+    """Attention and MLP sublayers plus two norms (``attn_norm``, ``mlp_norm``); subclasses place them.
+
+    ``layer`` is the 0-based block index (init policies and LayerNorm Scaling depend on it).
+    """
+
+    placement = ""
+
+    def __init__(self, cfg: RankerConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        scale = layer_scale(layer, cfg.layernorm_scaling)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.attn_norm = make_norm(cfg.norm, cfg.d_model, scale)
+        self.mlp_norm = make_norm(cfg.norm, cfg.d_model, scale)
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define forward")
+
+
+class PostNormBlock(Block):
+    """x = Norm(x + f(x)) (Vaswani et al. 2017)."""
+
+    placement = "post"
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        h_BTD = self.attn_norm(x_BTD + self.attn(x_BTD, attend_B11T))
+        return self.mlp_norm(h_BTD + self.mlp(h_BTD))
+
+
+class PreNormBlock(Block):
+    """x = x + f(Norm(x)) (GPT-2; Xiong et al. 2020)."""
+
+    placement = "pre"
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        h_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), attend_B11T)
+        return h_BTD + self.mlp(self.mlp_norm(h_BTD))
+
+
+class SandwichNormBlock(Block):
+    """x = x + Norm(f(Norm(x))) (Ding et al. 2021, CogView): two more norms on the branch outputs."""
+
+    placement = "sandwich"
+
+    def __init__(self, cfg: RankerConfig, layer: int) -> None:
+        super().__init__(cfg, layer)
+        scale = layer_scale(layer, cfg.layernorm_scaling)
+        self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
+        self.mlp_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        h_BTD = x_BTD + self.attn_out_norm(self.attn(self.attn_norm(x_BTD), attend_B11T))
+        return h_BTD + self.mlp_out_norm(self.mlp(self.mlp_norm(h_BTD)))
+
+
+class ReorderedNormBlock(Block):
+    """x = x + Norm(f(x)) (OLMo 2, Team OLMo 2025): the stream is never normalised in place."""
+
+    placement = "reordered"
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        h_BTD = x_BTD + self.attn_norm(self.attn(x_BTD, attend_B11T))
+        return h_BTD + self.mlp_norm(self.mlp(h_BTD))
+
+
+def deepnorm_alpha(n_layers: int) -> float:
+    """DeepNet residual up-weighting for an encoder-only stack: alpha = (2L)^(1/4) (Wang et al. 2022)."""
+    return (2 * n_layers) ** 0.25
+
+
+def deepnorm_beta(n_layers: int) -> float:
+    """DeepNet init gain of the v / out / MLP weights for an encoder-only stack: beta = (8L)^(-1/4)."""
+    return (8 * n_layers) ** -0.25
+
+
+class DeepNormBlock(Block):
+    """x = Norm(alpha * x + f(x)): post-norm with the residual up-weighted by alpha so that, with the
+    beta-scaled init (``init='deepnorm'``), each update is bounded by O(1/L) (DeepNet, Wang et al. 2022)."""
+
+    placement = "deepnorm"
+
+    def __init__(self, cfg: RankerConfig, layer: int) -> None:
+        super().__init__(cfg, layer)
+        self.alpha = deepnorm_alpha(cfg.n_layers)
+
+    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+        h_BTD = self.attn_norm(self.alpha * x_BTD + self.attn(x_BTD, attend_B11T))
+        return self.mlp_norm(self.alpha * h_BTD + self.mlp(h_BTD))
+
+
+BLOCKS: dict[str, type[Block]] = {
+    cls.placement: cls
+    for cls in (PostNormBlock, PreNormBlock, SandwichNormBlock, ReorderedNormBlock, DeepNormBlock)
+}
+"""Block class per ``RankerConfig.norm_placement``."""
+
+NORMALISED_STREAM = {"post", "deepnorm"}
+"""Placements whose block output is already a norm output (the ranker adds no final norm)."""
+
+
+def make_block(cfg: RankerConfig, layer: int) -> Block:
+    if cfg.norm_placement not in BLOCKS:
+        raise ValueError(
+            f"RankerConfig.norm_placement={cfg.norm_placement!r}; expected one of {sorted(BLOCKS)}"
+        )
+    return BLOCKS[cfg.norm_placement](cfg, layer)

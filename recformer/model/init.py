@@ -1,0 +1,148 @@
+"""All initialisation policy, named by method (``RankerConfig.init``); see ``matrix_std``.
+
+Shape legend: ``D`` model width, ``L`` number of blocks (``n_layers``), ``l`` 0-based block index.
+
+Matrix roles inside a block: ``q``, ``k``, ``v`` (row chunks of the fused ``qkv``), ``attn_out``,
+``mlp_up`` (for SwiGLU the gate and value chunks, each D -> M), ``mlp_down``; plus ``head_hidden``.
+``attn_out`` and ``mlp_down`` write into the residual stream, which is what the depth-aware methods
+scale down: each block adds two such updates, so the stream variance would otherwise grow with L.
+
+=========  =================================================================================
+method     matrices
+=========  =================================================================================
+normal     N(0, std) everywhere (BERT)
+xavier     N(0, 2 / (fan_in + fan_out)) (Glorot & Bengio 2010)
+scaled     N(0, std); residual writers std / sqrt(2L) (GPT-2, Radford et al. 2019)
+depth      N(0, std); residual writers of block l std / sqrt(2(l + 1)) (OLMo "mitchell" init)
+deepnorm   xavier; v, attn_out, mlp_up, mlp_down with gain beta = (8L)^(-1/4) (DeepNet 2022)
+mup        N(0, std / sqrt(m)), m = d_model / base_d_model: fan-in scaling of the hidden matrices,
+           so activations keep their size as width grows (Yang et al. 2022, Tensor Programs V)
+=========  =================================================================================
+
+Everything else is the same for every method: embedding tables, CLS and slot embeddings N(0, std)
+(constant in width, as muP wants for input weights); input projections (dense / content / per-row
+embedding -> D) N(0, std), or xavier under xavier / deepnorm; norm gains 1 and biases 0; the head's
+last layer zero with its bias at log(p / (1 - p)) of ``base_rate``, so the first predictions equal the
+base rate and the first gradients do not depend on a random readout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from recformer.config import RankerConfig
+from recformer.model.blocks import deepnorm_beta
+from recformer.model.norms import LayerNorm, RMSNorm
+
+if TYPE_CHECKING:
+    from recformer.model.ranker import Ranker
+
+RESIDUAL_WRITERS = frozenset({"attn_out", "mlp_down"})
+"""Roles whose output is added to the residual stream."""
+
+DEEPNORM_BETA_ROLES = frozenset({"v", "attn_out", "mlp_up", "mlp_down"})
+"""Roles DeepNet scales by beta at init (q and k keep gain 1)."""
+
+
+def xavier_std(fan_in: int, fan_out: int) -> float:
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+def matrix_std(cfg: RankerConfig, role: str, layer: int | None, fan_in: int, fan_out: int) -> float:
+    """Standard deviation of a hidden matrix of ``role`` in block ``layer`` (None = outside blocks)."""
+    std, m = cfg.init_std, cfg.width_mult
+    writer = role in RESIDUAL_WRITERS and layer is not None
+    if cfg.init == "normal":
+        return std
+    if cfg.init == "xavier":
+        return xavier_std(fan_in, fan_out)
+    if cfg.init == "scaled":
+        return std / math.sqrt(2 * cfg.n_layers) if writer else std
+    if cfg.init == "depth":
+        return std / math.sqrt(2 * (layer + 1)) if writer else std
+    if cfg.init == "deepnorm":
+        gain = deepnorm_beta(cfg.n_layers) if role in DEEPNORM_BETA_ROLES and layer is not None else 1.0
+        return gain * xavier_std(fan_in, fan_out)
+    if cfg.init == "mup":
+        return std / math.sqrt(m)
+    raise ValueError(
+        f"RankerConfig.init={cfg.init!r}; expected normal, xavier, scaled, depth, deepnorm or mup"
+    )
+
+
+def input_std(cfg: RankerConfig, fan_in: int, fan_out: int) -> float:
+    """Input projections (fixed fan-in): constant in width, xavier for the xavier-family methods."""
+    return xavier_std(fan_in, fan_out) if cfg.init in ("xavier", "deepnorm") else cfg.init_std
+
+
+@torch.no_grad()
+def init_weights(ranker: Ranker) -> set[str]:
+    """Initialise every parameter of ``ranker`` by ``ranker.cfg.init``; return the names covered.
+
+    Raises if any parameter was not covered, so a new module cannot silently keep PyTorch's default.
+    """
+    cfg = ranker.cfg
+    names = {id(p): n for n, p in ranker.named_parameters()}
+    covered: set[str] = set()
+
+    def normal_(p: torch.Tensor, std: float, rows: slice = slice(None)) -> None:
+        p[rows].normal_(0.0, std)
+
+    def done(*params: torch.Tensor) -> None:
+        covered.update(names[id(p)] for p in params)
+
+    # Token embeddings and input projections.
+    tok = ranker.tokens
+    for module in tok.modules():
+        if isinstance(module, nn.Embedding):
+            normal_(module.weight, cfg.init_std)
+            done(module.weight)
+        elif isinstance(module, nn.Linear):
+            normal_(module.weight, input_std(cfg, module.in_features, module.out_features))
+            done(module.weight)
+    for p in (tok.cls, tok.slot_emb):
+        normal_(p, cfg.init_std)
+        done(p)
+
+    # Blocks.
+    D = cfg.d_model
+    for block in ranker.blocks:
+        layer = block.layer
+        qkv = block.attn.qkv.weight
+        for i, role in enumerate(("q", "k", "v")):
+            normal_(qkv, matrix_std(cfg, role, layer, D, D), slice(i * D, (i + 1) * D))
+        out = block.attn.out.weight
+        normal_(out, matrix_std(cfg, "attn_out", layer, D, D))
+        up, down, M = block.mlp.up.weight, block.mlp.down.weight, block.mlp.hidden
+        normal_(up, matrix_std(cfg, "mlp_up", layer, D, M))  # SwiGLU: gate and value chunks alike
+        normal_(down, matrix_std(cfg, "mlp_down", layer, M, D))
+        done(qkv, out, up, down)
+
+    # Norms everywhere (block norms, QK-Norm, final norm): identity at init.
+    for module in ranker.modules():
+        if isinstance(module, (RMSNorm, LayerNorm)):
+            module.weight.fill_(1.0)
+            done(module.weight)
+        if isinstance(module, LayerNorm) and module.bias is not None:
+            module.bias.zero_()
+            done(module.bias)
+
+    # Head: hidden layer as a hidden matrix, readout zero with the base-rate bias.
+    head = ranker.head
+    normal_(
+        head.hidden.weight,
+        matrix_std(cfg, "head_hidden", None, head.hidden.in_features, head.hidden.out_features),
+    )
+    head.hidden.bias.zero_()
+    head.out.weight.zero_()
+    head.out.bias.fill_(math.log(cfg.base_rate / (1.0 - cfg.base_rate)))
+    done(head.hidden.weight, head.hidden.bias, head.out.weight, head.out.bias)
+
+    missing = sorted(set(names.values()) - covered)
+    if missing:
+        raise RuntimeError(f"init_weights({cfg.init!r}) does not cover these parameters: {missing}")
+    return covered

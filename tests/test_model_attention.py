@@ -1,0 +1,140 @@
+"""Attention against a hand-written reference (outputs and gradients), the probe statistics, QK-Norm."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recformer.config import RankerConfig
+from recformer.model.attention import Attention
+
+EPS = 1e-6
+
+
+def _norm(t: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "rms":
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + EPS) * g
+    mu = t.mean(-1, keepdim=True)
+    var = (t - mu).pow(2).mean(-1, keepdim=True)
+    return (t - mu) / torch.sqrt(var + EPS) * g
+
+
+def reference_attention(
+    attn: Attention, x: torch.Tensor, valid: torch.Tensor, qk: str, kind: str, scale: float
+):
+    """Textbook multi-head attention written from the weights; returns (output, logits, probs)."""
+    B, T, D = x.shape
+    N = attn.n_heads
+    H = D // N
+    w_q, w_k, w_v = attn.qkv.weight.split(D, dim=0)
+    q, k, v = x @ w_q.T, x @ w_k.T, x @ w_v.T
+    if qk == "full":
+        q, k = _norm(q, attn.qk_norm.q_norm.weight, kind), _norm(k, attn.qk_norm.k_norm.weight, kind)
+    q, k, v = (t.reshape(B, T, N, H).permute(0, 2, 1, 3) for t in (q, k, v))
+    if qk == "head":
+        q, k = _norm(q, attn.qk_norm.q_norm.weight, kind), _norm(k, attn.qk_norm.k_norm.weight, kind)
+    logits = torch.einsum("bnqh,bnkh->bnqk", q, k) * scale
+    logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(logits, dim=-1)
+    o = torch.einsum("bnqk,bnkh->bnqh", p, v).permute(0, 2, 1, 3).reshape(B, T, D)
+    return o @ attn.out.weight.T, logits, p
+
+
+def _setup(qk: str, kind: str, mup: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = RankerConfig(
+        d_model=16, n_heads=4, qk_norm=qk, norm=kind, mup=mup, init="mup" if mup else "scaled", base_d_model=8
+    )
+    attn = Attention(cfg).double()
+    with torch.no_grad():
+        attn.qkv.weight.normal_(0, 0.5)
+        attn.out.weight.normal_(0, 0.5)
+        if attn.qk_norm is not None:  # non-trivial gains so a missing gain would show
+            attn.qk_norm.q_norm.weight.uniform_(0.5, 1.5)
+            attn.qk_norm.k_norm.weight.uniform_(0.5, 1.5)
+    B, T = 3, 7
+    x = torch.randn(B, T, 16, dtype=torch.float64, requires_grad=True)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[0, 2:5] = False  # padded keys in the middle of sample 0
+    valid[2, 1:6] = False
+    scale = 1 / (cfg.d_model // cfg.n_heads) if mup else 1 / math.sqrt(cfg.d_model // cfg.n_heads)
+    return attn, x, valid, scale
+
+
+@pytest.mark.parametrize("mup", [False, True])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("qk", ["none", "head", "full"])
+def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, mup: bool) -> None:
+    attn, x, valid, scale = _setup(qk, kind, mup)
+    assert attn.scale == pytest.approx(scale)
+    out = attn(x, valid[:, None, None, :])
+    want, _, _ = reference_attention(attn, x, valid, qk, kind, scale)
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
+
+    g = torch.randn_like(out)
+    params = [x] + list(attn.parameters())
+    grads = torch.autograd.grad((out * g).sum(), params)
+    want_grads = torch.autograd.grad((want * g).sum(), params)
+    for got, exp in zip(grads, want_grads):
+        torch.testing.assert_close(got, exp, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("qk", ["none", "head"])
+def test_probe_path_equals_training_path_and_reports_logit_max_and_entropy(qk: str) -> None:
+    attn, x, valid, scale = _setup(qk, "rms", mup=False, seed=1)
+    attend = valid[:, None, None, :]
+    fast = attn(x, attend)
+    attn.probe = {}
+    slow = attn(x, attend)
+    probe, attn.probe = attn.probe, None
+    torch.testing.assert_close(slow, fast, rtol=1e-9, atol=1e-10)
+
+    _, logits, p = reference_attention(attn, x, valid, qk, "rms", scale)
+    q_valid = valid[:, None, :, None]
+    want_max = logits.masked_fill(~q_valid, float("-inf")).amax(dim=(0, 2, 3))
+    torch.testing.assert_close(probe["logit_max_N"], want_max)
+    # Entropy / log(valid keys) averaged over valid queries, by a per-sample loop.
+    ent = torch.zeros(attn.n_heads, dtype=torch.float64)
+    count = 0
+    for b in range(x.shape[0]):
+        keys = valid[b]
+        for t in keys.nonzero().flatten():
+            pk = p[b, :, t, keys]
+            ent += -(pk * pk.log()).sum(-1) / math.log(int(keys.sum()))
+            count += 1
+    torch.testing.assert_close(probe["entropy_N"], ent / count)
+
+
+def test_entropy_is_one_for_uniform_attention() -> None:
+    attn, x, valid, _ = _setup("none", "rms", mup=False)
+    with torch.no_grad():
+        attn.qkv.weight[:16].zero_()  # q = 0: every logit equal, softmax uniform over the valid keys
+    attn.probe = {}
+    attn(x, valid[:, None, None, :])
+    torch.testing.assert_close(attn.probe["entropy_N"], torch.ones(attn.n_heads, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", ["head", "full"])
+def test_qk_norm_bounds_logits_when_qk_weights_grow(mode: str) -> None:
+    """Scale the q and k rows of the projection by 100: plain logits grow ~1e4x; QK-Norm's do not move."""
+
+    def max_logit(qk: str, gain: float) -> float:
+        torch.manual_seed(0)
+        cfg = RankerConfig(d_model=32, n_heads=2, qk_norm=qk)
+        attn = Attention(cfg)
+        with torch.no_grad():
+            attn.qkv.weight.normal_(0, 0.02)
+            attn.qkv.weight[: 2 * cfg.d_model] *= gain
+        x = torch.randn(4, 10, cfg.d_model)
+        attn.probe = {}
+        attn(x, None)
+        return float(attn.probe["logit_max_N"].max())
+
+    plain_before, plain_after = max_logit("none", 1.0), max_logit("none", 100.0)
+    qk_before, qk_after = max_logit(mode, 1.0), max_logit(mode, 100.0)
+    assert plain_after / plain_before > 5000
+    # Unit-RMS q, k with unit gains: |q . k| / sqrt(H) <= sqrt(H) = 4, at any weight scale.
+    assert qk_after <= math.sqrt(16) + 1e-4
+    assert qk_after == pytest.approx(qk_before, rel=1e-3)

@@ -1,0 +1,68 @@
+"""muP: coordinate check across widths 64..512, readout multiplier, attention scale, LR multipliers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recformer.config import RankerConfig
+from recformer.model import Ranker
+from recformer.model.attention import attention_scale
+from recformer.model.mup import coord_check, mup_lr_scale
+from tests._model_batches import random_batch, random_item_tables, tiny_dims
+
+WIDTHS = [64, 128, 256, 512]
+
+
+def _coord(mup: bool) -> dict[int, torch.Tensor]:
+    dims = tiny_dims(max_len=4)
+    batch = random_batch(dims, batch_size=8)
+    tables = random_item_tables(dims)
+
+    def make(width: int) -> Ranker:
+        cfg = RankerConfig(
+            d_model=width, n_heads=4, n_layers=2, base_d_model=64, mup=mup, init="mup" if mup else "normal"
+        )
+        ranker = Ranker(cfg, dims)
+        ranker.set_item_tables(*tables)
+        return ranker
+
+    return coord_check(make, batch, WIDTHS, steps=3, lr=3e-3)
+
+
+def test_coordinate_check_flat_under_mup_and_growing_under_standard_parametrization() -> None:
+    mup, sp = _coord(True), _coord(False)
+    for res in (mup, sp):
+        assert set(res) == set(WIDTHS) and all(v.shape == (3, 2 + 2) for v in res.values())
+    # Columns: embeddings, block 1, block 2, logits; after every one of the 3 steps.
+    mup_SWX = torch.stack([mup[w] for w in WIDTHS], dim=1)
+    spread = mup_SWX.amax(dim=1) / mup_SWX.amin(dim=1)
+    assert spread.max() < 2.0, f"muP activations vary {spread.max():.2f}x across widths:\n{mup_SWX}"
+    # Standard parametrization: a constant Adam LR moves hidden outputs by O(width).
+    blocks_growth = sp[512][-1, 1:3] / sp[64][-1, 1:3]
+    assert blocks_growth.min() > 5.0, f"SP block activations grew only {blocks_growth}x from width 64 to 512"
+
+
+def test_readout_input_is_scaled_by_one_over_m() -> None:
+    dims = tiny_dims()
+    torch.manual_seed(0)
+    cfg = RankerConfig(d_model=128, n_heads=4, base_d_model=32, mup=True, init="mup")
+    ranker = Ranker(cfg, dims)
+    head = ranker.head
+    with torch.no_grad():
+        head.out.weight.normal_()
+    x = torch.randn(3, ranker.n_tokens, 128)
+    z = torch.cat([x[:, 0], x[:, -1]], dim=-1)
+    want = head.out(torch.nn.functional.gelu(head.hidden(z)) / 4.0).squeeze(-1)  # m = 128 / 32
+    torch.testing.assert_close(head(x), want)
+
+
+def test_attention_scale_and_lr_multipliers() -> None:
+    mup = RankerConfig(d_model=256, n_heads=4, base_d_model=64, mup=True, init="mup")
+    sp = RankerConfig(d_model=256, n_heads=4)
+    assert attention_scale(mup) == pytest.approx(1 / 64) and attention_scale(sp) == pytest.approx(1 / 8)
+    assert mup_lr_scale("hidden", mup) == pytest.approx(0.25)
+    assert [mup_lr_scale(k, mup) for k in ("embedding", "vector", "readout")] == [1.0, 1.0, 1.0]
+    assert mup_lr_scale("hidden", sp) == 1.0
+    with pytest.raises(ValueError, match="unknown parameter kind 'matrix'"):
+        mup_lr_scale("matrix", mup)

@@ -1,0 +1,190 @@
+"""The Ranker end to end: padding invariance, empty histories, stats, item tables, compile parity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from recformer.config import FeatureDims, RankerConfig
+from recformer.model import Ranker
+from tests._model_batches import random_batch, random_item_tables, tiny_dims
+
+
+def _ranker(dims: FeatureDims | None = None, seed: int = 0, **kw) -> Ranker:
+    """A tiny ranker whose head is NOT zero (a zero readout would make every logit equal)."""
+    torch.manual_seed(seed)
+    dims = dims or tiny_dims()
+    cfg = RankerConfig(**{"d_model": 16, "n_heads": 2, "n_layers": 2, **kw})
+    ranker = Ranker(cfg, dims)
+    ranker.set_item_tables(*random_item_tables(dims, seed))
+    with torch.no_grad():
+        ranker.head.out.weight.normal_(0, 1.0)
+    return ranker.eval()
+
+
+def _scramble(batch, where: torch.Tensor, dims: FeatureDims, seed: int):
+    """Random ids (and gaps, event categoricals) in the history slots where ``where`` is True."""
+    g = torch.Generator().manual_seed(seed)
+    item = torch.where(where, torch.randint(0, dims.item_rows, where.shape, generator=g), batch.hist_item)
+    gap = torch.where(
+        where, torch.randint(0, dims.time_gap_buckets, where.shape, generator=g), batch.hist_gap
+    )
+    cat = torch.where(
+        where[..., None],
+        torch.randint(0, dims.hist_cat_rows[0], batch.hist_cat.shape, generator=g),
+        batch.hist_cat,
+    )
+    return dataclasses.replace(batch, hist_item=item, hist_gap=gap, hist_cat=cat)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "reordered"])
+def test_padded_history_slots_change_no_output(placement: str) -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims, norm_placement=placement)
+    batch = random_batch(dims, batch_size=8, empty_history=2)
+    assert (~batch.hist_mask).any()
+    logits, stats = ranker(batch, return_stats=True)
+    other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    logits2, stats2 = ranker(other, return_stats=True)
+    torch.testing.assert_close(logits2, logits, rtol=0, atol=1e-6)
+    valid = torch.ones(logits.shape[0], ranker.n_tokens, dtype=torch.bool)
+    n_ctx = ranker.tokens.n_context
+    valid[:, n_ctx : n_ctx + dims.max_len] = batch.hist_mask
+    for h, h2 in zip(stats["hidden"][1:], stats2["hidden"][1:]):
+        torch.testing.assert_close(h2[valid], h[valid], rtol=0, atol=1e-6)
+    for key in ("resid_rms", "attn_logit_max", "attn_entropy", "cos_adjacent"):
+        torch.testing.assert_close(stats2[key], stats[key], rtol=0, atol=1e-6)
+    # The same change on real events must move the logits, or the test above proves nothing.
+    changed = _scramble(batch, batch.hist_mask, dims, seed=2)
+    assert (ranker(changed) - logits).abs().max() > 1e-4  # 100x the tolerance above
+
+
+def test_empty_histories_give_finite_outputs_and_stats() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims)
+    batch = random_batch(dims, batch_size=4, empty_history=4)  # no sample has any event
+    assert not batch.hist_mask.any()
+    logits, stats = ranker(batch, return_stats=True)
+    assert torch.isfinite(logits).all()
+    for key in ("resid_rms", "attn_logit_max", "attn_entropy", "cos_adjacent"):
+        assert torch.isfinite(stats[key]).all(), key
+    ranker.train()
+    torch.nn.functional.binary_cross_entropy_with_logits(ranker(batch), batch.label).backward()
+    assert all(torch.isfinite(p.grad).all() for p in ranker.parameters() if p.grad is not None)
+
+
+def test_model_without_history_or_context_features() -> None:
+    dims = FeatureDims(item_rows=10)  # only the target item: tokens are CLS and target
+    ranker = _ranker(dims)
+    batch = random_batch(dims, batch_size=3)
+    assert ranker.n_tokens == 2
+    logits, stats = ranker(batch, return_stats=True)
+    assert logits.shape == (3,) and torch.isfinite(logits).all()
+    assert stats["attn_entropy"].shape == (2, 2)
+
+
+def test_stats_have_the_documented_shapes_and_values() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims, n_layers=3)
+    batch = random_batch(dims, batch_size=6)
+    logits, stats = ranker(batch, return_stats=True)
+    L, N, T = 3, 2, ranker.n_tokens
+    torch.testing.assert_close(logits, ranker(batch))
+    assert logits.dtype == torch.float32 and logits.shape == (6,)
+    assert len(stats["hidden"]) == L + 1 and all(h.shape == (6, T, 16) for h in stats["hidden"])
+    assert stats["resid_rms"].shape == (L,) and stats["cos_adjacent"].shape == (L,)
+    assert stats["attn_logit_max"].shape == (L, N) and stats["attn_entropy"].shape == (L, N)
+    assert ((stats["attn_entropy"] > 0) & (stats["attn_entropy"] <= 1 + 1e-6)).all()
+    valid = torch.ones(6, T, dtype=torch.bool)
+    n_ctx = ranker.tokens.n_context
+    valid[:, n_ctx : n_ctx + dims.max_len] = batch.hist_mask
+    for i in range(L):
+        h_in, h_out = stats["hidden"][i][valid], stats["hidden"][i + 1][valid]
+        torch.testing.assert_close(stats["resid_rms"][i], h_out.pow(2).mean().sqrt())
+        cos = torch.nn.functional.cosine_similarity(h_in, h_out, dim=-1).mean()
+        torch.testing.assert_close(stats["cos_adjacent"][i], cos)
+
+
+def test_item_tables_are_persistent_compact_buffers_and_used() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims)
+    batch = random_batch(dims)
+    state = ranker.state_dict()
+    assert state["tokens.item_content"].dtype == torch.float16
+    assert state["tokens.item_content"].shape == (dims.item_rows, dims.content_dim)
+    assert state["tokens.item_feats"].shape == (dims.item_rows, len(dims.item_feat_rows))
+    # A checkpoint is self-contained: a fresh ranker loading it scores identically.
+    fresh = Ranker(ranker.cfg, dims).eval()
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh(batch), ranker(batch))
+    # Content and item features reach the logits.
+    before = ranker(batch)
+    content, feats = random_item_tables(dims, seed=5)
+    ranker.set_item_tables(content.double(), feats)
+    assert (ranker(batch) - before).abs().max() > 1e-3
+
+
+def test_set_item_tables_rejects_bad_shapes_and_rows() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims)
+    content, feats = random_item_tables(dims)
+    with pytest.raises(ValueError, match="content_dim=8"):
+        ranker.set_item_tables(content[:, :4], feats)
+    with pytest.raises(ValueError, match="n_item_feats=2"):
+        ranker.set_item_tables(content, feats[:, :1])
+    bad = feats.clone()
+    bad[3, 1] = dims.item_feat_rows[1]
+    with pytest.raises(ValueError, match=r"item feature 1 has rows outside \[0, 3\)"):
+        ranker.set_item_tables(content, bad)
+    with pytest.raises(ValueError, match="float16"):
+        ranker.set_item_tables(content * 1e6, feats)
+
+
+def test_batch_that_does_not_match_the_dims_is_named() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims)
+    batch = random_batch(dataclasses.replace(dims, cat_rows=[7, 4, 3]))
+    with pytest.raises(ValueError, match=r"Batch.cat has 3 columns .* FeatureDims.len\(cat_rows\)=2"):
+        ranker(batch)
+
+
+def test_dropout_only_in_training_mode() -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims, dropout=0.3)
+    batch = random_batch(dims)
+    torch.testing.assert_close(ranker(batch), ranker(batch))
+    ranker.train()
+    assert (ranker(batch) - ranker(batch)).abs().max() > 1e-4
+
+
+def _compile_parity(backend: str) -> None:
+    dims = tiny_dims()
+    eager = _ranker(dims, qk_norm="head", mlp="swiglu")
+    compiled = _ranker(dims, qk_norm="head", mlp="swiglu")
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile(fullgraph=True, backend=backend)  # fullgraph: any graph break raises
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    batch = random_batch(dims)
+    eager.train()
+    compiled.train()
+    y_e, y_c = eager(batch), compiled(batch)
+    torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=1e-5)
+    y_e.sum().backward()
+    y_c.sum().backward()
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # The probe path still runs (eagerly) on the compiled ranker and agrees with it.
+    y_s, stats = compiled(batch, return_stats=True)
+    torch.testing.assert_close(y_s, y_c, rtol=1e-5, atol=1e-5)
+    assert len(stats["hidden"]) == 3
+
+
+def test_compiled_and_eager_ranker_agree_and_share_state_dict_keys() -> None:
+    _compile_parity("aot_eager")  # traces the full graph and AOT autograd; no C++ build
+
+
+@pytest.mark.slow
+def test_compiled_inductor_ranker_agrees_with_eager() -> None:
+    _compile_parity("inductor")
