@@ -113,7 +113,12 @@ class SafeWandbLogger(WandbLogger):
     @rank_zero_only
     @_guarded
     def finalize(self, status: str) -> None:
+        # One W&B run per Trainer run: finishing flushes an offline run's files to disk, and a later
+        # Trainer in the same process (tests, sweeps) starts its own run instead of reusing this one.
         super().finalize(status)
+        if self._experiment is not None and hasattr(self._experiment, "finish"):
+            self._experiment.finish(exit_code=0 if status == "success" else 1)
+            self._experiment = None
 
     @_guarded
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -29,6 +30,15 @@ from recformer.optim import build_optimizer, build_scheduler, describe_groups
 log = logging.getLogger(__name__)
 
 Stage = Literal["train", "val", "test"]
+
+
+def _as(cls: type, value: Any) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        fixed = {k: tuple(v) if k == "betas" else v for k, v in value.items()}
+        return cls(**fixed)
+    return value
 
 
 class RankerModule(pl.LightningModule):
@@ -51,24 +61,23 @@ class RankerModule(pl.LightningModule):
                 are unchanged, DESIGN section 7).
         """
         super().__init__()
-        self.model_cfg = ranker or RankerConfig()
-        self.optim_cfg = optim or OptimConfig()
+        # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
+        # load_from_checkpoint hands the dicts back here.
+        self.model_cfg = _as(RankerConfig, ranker)
+        self.optim_cfg = _as(OptimConfig, optim)
         if dims is None:
             raise ValueError(
                 "RankerModule needs dims (FeatureDims); the CLI links them from data.feature_dims"
             )
-        self.dims = dims
+        self.dims = _as(FeatureDims, dims)
         self.arch = arch
-        self.save_hyperparameters(
-            {
-                "ranker": self.model_cfg,
-                "optim": self.optim_cfg,
-                "dims": dims,
-                "arch": arch,
-                "compile": compile,
-            }
-        )
-        self.net = build_model(arch, self.model_cfg, dims)
+        hparams = {
+            "ranker": asdict(self.model_cfg),
+            "optim": asdict(self.optim_cfg),
+            "dims": asdict(self.dims),
+        }
+        self.save_hyperparameters({**hparams, "arch": arch, "compile": compile})
+        self.net = build_model(arch, self.model_cfg, self.dims)
         self.compile_model = compile
         metrics = lambda: {
             "auc": BinnedAUC(),

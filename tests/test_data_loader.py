@@ -89,10 +89,10 @@ def test_resume_mid_epoch_is_exact(tiny_data, workers, consumed):
     loader = make().train_dataloader()
     it = iter(loader)
     head = [next(it).keys[:, 0].tolist() for _ in range(consumed)]
-    state = loader.state_dict()
+    state = loader.resume_state()
     del it
     resumed = make().train_dataloader()
-    resumed.load_state_dict(state)
+    resumed.load_resume_state(state)
     tail = [b.keys[:, 0].tolist() for b in resumed]
     assert head + tail == ref
 
@@ -101,7 +101,7 @@ def test_resume_refuses_a_different_setup(tiny_data):
     a = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer").train_dataloader()
     b = RecDataModule(str(tiny_data), batch_size=16, num_workers=0, validate="footer").train_dataloader()
     with pytest.raises(ValueError, match="batch_size"):
-        b.load_state_dict(a.state_dict())
+        b.load_resume_state(a.resume_state())
 
 
 def test_round_robin_replay_matches_dataloader_order():

@@ -39,9 +39,17 @@ class RecDataLoader(DataLoader):
     """A DataLoader over a ``ParquetStream`` that knows its epoch and can resume mid-epoch.
 
     Lightning never calls ``set_epoch`` on an IterableDataset (DESIGN section 7), so the epoch is
-    read from ``epoch_fn`` each time an epoch's iterator is created. ``state_dict`` records how many
-    batches the *training loop* consumed (``progress_fn``: the trainer's processed-batch count), not
-    how many this loader produced, which with prefetching is ahead by the prefetch depth.
+    read from ``epoch_fn`` each time an epoch's iterator is created. ``resume_state`` records how
+    many batches the *training loop* consumed (``progress_fn``: the trainer's processed-batch count),
+    not how many this loader produced, which with prefetching is ahead by the prefetch depth.
+
+    Resuming goes through ``RecDataModule.state_dict`` / ``load_state_dict`` rather than Lightning's
+    stateful-loader hook: Lightning restores a datamodule before it builds the optimizers, but the
+    loop counters (``current_epoch``) only after, and anything that reads
+    ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` makes Lightning create (and
+    prefetch from) the epoch's iterator in between; Lightning then skips its own loader-state
+    restore and keeps that iterator. So a pending resume carries its own epoch and is applied by
+    whichever iterator starts first.
     """
 
     def __init__(
@@ -59,16 +67,15 @@ class RecDataLoader(DataLoader):
         self._yielded = 0
         self._pending: dict[str, int] | None = None
 
-    def _current_epoch(self) -> int:
-        return self._epoch_fn() if self._epoch_fn is not None else self._own_epoch
-
     def __iter__(self):
-        self._own_epoch += 1
-        epoch = self._current_epoch()
-        skip = 0
-        if self._pending is not None and self._pending["epoch"] == epoch:
-            skip = self._pending["consumed"] if self._pending["consumed"] < len(self.stream) else 0
-        self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None and pending["consumed"] < len(self.stream):
+            epoch, skip = pending["epoch"], pending["consumed"]
+        elif pending is not None:  # saved at the very end of an epoch: the next one starts
+            epoch, skip = pending["epoch"] + 1, 0
+        else:
+            epoch, skip = self._own_epoch + 1 if self._epoch_fn is None else self._epoch_fn(), 0
+        self._own_epoch = epoch
         self.stream.plan = StreamPlan(
             epoch=epoch,
             rank=self.stream.plan.rank,
@@ -92,11 +99,11 @@ class RecDataLoader(DataLoader):
             "window": s.window,
         }
 
-    def state_dict(self) -> dict[str, int]:
+    def resume_state(self) -> dict[str, int]:
         consumed = self._progress_fn() if self._progress_fn is not None else self._yielded
         return {"epoch": self.stream.plan.epoch, "consumed": int(consumed), **self._fingerprint()}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_resume_state(self, state: dict[str, int]) -> None:
         now = self._fingerprint()
         diff = {k: (state.get(k), v) for k, v in now.items() if state.get(k) != v}
         if diff:
@@ -160,6 +167,17 @@ class RecDataModule(pl.LightningDataModule):
         self.splits: dict[str, SplitIndex] = {}
         self.oov_report: dict[str, dict[str, int]] = {}
         self._validated: set[str] = set()
+        self._train_loader: RecDataLoader | None = None
+        self._resume: dict[str, int] | None = None
+
+    # -- checkpointed state: the position of the training stream --------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = state.get("train_stream")
+        if self._resume is not None and self._train_loader is not None:
+            self._train_loader.load_resume_state(self._resume)
 
     # -- what the model links to ---------------------------------------------------------------
     @property
@@ -257,7 +275,12 @@ class RecDataModule(pl.LightningDataModule):
         progress_fn = (
             (lambda: t.fit_loop.epoch_loop.batch_progress.current.processed) if t is not None else None
         )
-        return self._loader(self._stream("train", train=True), epoch_fn=epoch_fn, progress_fn=progress_fn)
+        loader = self._loader(self._stream("train", train=True), epoch_fn=epoch_fn, progress_fn=progress_fn)
+        if self._resume is not None:
+            loader.load_resume_state(self._resume)
+            self._resume = None
+        self._train_loader = loader
+        return loader
 
     def val_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream("val", train=False))

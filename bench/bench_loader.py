@@ -1,0 +1,160 @@
+"""Loader throughput against a raw pyarrow scan of the same files, and peak memory against size.
+
+    python bench/bench_loader.py --data /tmp/bench_synth            # makes the data if missing
+    python bench/bench_loader.py --data /tmp/bench_synth --rows 5000000 --json bench/out/loader.json
+
+Side by side in one run, interleaved over ``--repeats`` rounds, medians reported:
+- ``raw``: ``ParquetFile.read_row_group(columns=spec columns, use_threads=False)`` over every row
+  group: the single-thread ceiling of reading these files on this machine (decode included, no
+  batching, no tensors).
+- ``loader wN``: ``RecDataModule.train_dataloader()`` with N workers: shuffled windows, vectorised
+  decoding into padded tensors, ``Batch`` objects delivered to the training process.
+The target is >= 0.7 of the raw rows/s *per worker*.
+
+Memory: peak RSS of the training process plus its workers while streaming the first 1, 2, ... files
+(the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recformer.config import FeatureSpec  # noqa: E402
+from recformer.data.datamodule import RecDataModule  # noqa: E402
+
+
+def ensure_data(path: Path, rows: int, max_len: int) -> None:
+    if (path / "spec.yaml").is_file():
+        return
+    from recformer.data.synth import write_synth
+
+    write_synth(path, rows, val_rows=0, test_rows=0, max_len=max_len, rows_per_file=1_000_000, progress=True)
+
+
+def raw_scan(data: Path, limit: int) -> tuple[int, float]:
+    spec = FeatureSpec.load(data / "spec.yaml")
+    cols = spec.columns()
+    rows, t0 = 0, time.perf_counter()
+    for f in sorted((data / "train").glob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        for i in range(pf.metadata.num_row_groups):
+            rows += pf.read_row_group(i, columns=cols, use_threads=False).num_rows
+            if rows >= limit:
+                return rows, time.perf_counter() - t0
+    return rows, time.perf_counter() - t0
+
+
+def loader_scan(data: Path, workers: int, limit: int, batch_size: int) -> tuple[int, float]:
+    dm = RecDataModule(
+        str(data),
+        batch_size=batch_size,
+        num_workers=workers,
+        validate="footer",
+        prefetch_factor=4,
+        pin_memory=False,
+    )
+    dm.setup("fit")
+    rows, t0 = 0, time.perf_counter()
+    for batch in dm.train_dataloader():
+        rows += len(batch)
+        if rows >= limit:
+            break
+    return rows, time.perf_counter() - t0
+
+
+MEM_CHILD = """
+import resource, sys
+sys.path.insert(0, {root!r})
+from recformer.data.datamodule import RecDataModule
+dm = RecDataModule({data!r}, batch_size={bs}, num_workers={w}, validate="footer", pin_memory=False)
+dm.setup("fit")
+n = sum(len(b) for b in dm.train_dataloader())
+self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(n, self_kb, child_kb)
+"""
+
+
+def peak_memory(data: Path, n_files: int, workers: int, batch_size: int) -> dict:
+    files = sorted((data / "train").glob("*.parquet"))[:n_files]
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = Path(tmp)
+        (sub / "train").mkdir()
+        for f in files:
+            os.symlink(f, sub / "train" / f.name)
+        for name in ("spec.yaml", "items.parquet"):
+            if (data / name).exists():
+                os.symlink(data / name, sub / name)
+        code = MEM_CHILD.format(root=str(ROOT), data=str(sub), bs=batch_size, w=workers)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    n, self_kb, child_kb = (int(x) for x in out.stdout.split())
+    # ru_maxrss of children is the largest single worker, not their sum: count it once per worker.
+    total_mb = (self_kb + workers * child_kb) / 1024
+    return {
+        "files": n_files,
+        "rows": n,
+        "main_mb": self_kb / 1024,
+        "worker_mb": child_kb / 1024,
+        "total_mb": total_mb,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=Path("/tmp/bench_synth"))
+    p.add_argument("--rows", type=int, default=5_000_000, help="rows to generate if --data is missing")
+    p.add_argument("--max-len", type=int, default=100)
+    p.add_argument("--limit", type=int, default=2_000_000, help="rows read per timed pass")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--memory-files", type=int, nargs="+", default=[1, 2, 5])
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    ensure_data(a.data, a.rows, a.max_len)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in (a.data / "train").glob("*.parquet"))
+    print(f"data: {a.data} ({total} train rows), timed passes of {a.limit} rows, {os.cpu_count()} cores")
+
+    runs: dict[str, list[float]] = {"raw": [], **{f"loader w{w}": [] for w in a.workers}}
+    for r in range(a.repeats):
+        for name in runs:
+            if name == "raw":
+                n, s = raw_scan(a.data, a.limit)
+            else:
+                n, s = loader_scan(a.data, int(name.split("w")[1]), a.limit, a.batch_size)
+            runs[name].append(n / s)
+            print(f"  round {r}: {name:10s} {n / s:12,.0f} rows/s")
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print("\nthroughput (median rows/s)")
+    print(f"{'reader':12s} {'rows/s':>12s} {'vs raw':>8s} {'per worker vs raw':>18s}")
+    for k, v in med.items():
+        w = 1 if k == "raw" else int(k.split("w")[1])
+        print(f"{k:12s} {v:12,.0f} {v / med['raw']:8.2f} {v / w / med['raw']:18.2f}")
+
+    mem = [peak_memory(a.data, n, 2, a.batch_size) for n in a.memory_files]
+    print("\npeak memory, 2 workers, full epoch")
+    print(f"{'files':>5s} {'rows':>10s} {'main MB':>8s} {'worker MB':>10s} {'total MB':>9s}")
+    for m in mem:
+        print(
+            f"{m['files']:5d} {m['rows']:10d} {m['main_mb']:8.0f} {m['worker_mb']:10.0f} {m['total_mb']:9.0f}"
+        )
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"throughput": runs, "median": med, "memory": mem}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The training application end to end on tiny data: CLI, metrics, checkpoints, resume, guards."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pyarrow.parquet as pq
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from recformer.cli import cli_main
+from recformer.config import OptimConfig, RankerConfig
+from recformer.data.datamodule import RecDataModule
+from recformer.evaluate import evaluate
+from recformer.module import RankerModule
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = RankerConfig(d_model=16, n_layers=2, n_heads=2)
+
+
+def logger_config(root: Path) -> str:
+    """The default loggers (CSV, then W&B), saving under ``root`` instead of ./runs."""
+    path = root / "loggers.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "trainer:\n  logger:\n"
+        f"    - class_path: lightning.pytorch.loggers.CSVLogger\n      init_args: {{save_dir: {root}, name: recformer}}\n"
+        f"    - class_path: recformer.loggers.SafeWandbLogger\n      init_args: {{save_dir: {root}}}\n"
+    )
+    return f"--config={path}"
+
+
+def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        logger_config(root),
+        f"--data.data_dir={data}",
+        "--data.batch_size=64",
+        "--data.num_workers=0",
+        "--model.ranker.d_model=16",
+        "--model.ranker.n_layers=2",
+        "--model.ranker.n_heads=2",
+        "--model.optim.warmup_steps=2",
+        "--trainer.max_epochs=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=2",
+        f"--trainer.default_root_dir={root}",
+        *extra,
+    ]
+
+
+def read_metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
+    cli = cli_main(fit_args(tiny_data, tmp_path))
+    run = Path(cli.trainer.log_dir)
+    rows = read_metrics(run)
+    val = [r for r in rows if r.get("val/auc")]
+    assert len(val) == 2  # one validation per epoch
+    for key in ("val/auc", "val/gauc", "val/logloss", "val/ne", "val/calibration", "train/auc"):
+        assert any(r.get(key) for r in rows), key
+    assert 0.0 <= float(val[-1]["val/auc"]) <= 1.0
+    assert any(r.get("train/loss") for r in rows)
+    # The model was sized from the data's spec (linked), not from YAML.
+    assert cli.model.dims == cli.datamodule.feature_dims
+    assert (run / "config.yaml").is_file()
+    assert list((run / "checkpoints").glob("last.ckpt"))
+    cli2 = cli_main(fit_args(tiny_data, tmp_path))
+    run2 = Path(cli2.trainer.log_dir)
+    assert run2 != run and (run2 / "config.yaml").is_file() and (run / "config.yaml").is_file()
+
+
+def test_item_content_is_in_the_checkpoint(tiny_data, tmp_path):
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
+    ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    content = state["net.tokens.item_content"]
+    side = pq.read_table(tiny_data / "items.parquet").to_pydict()["content"]
+    assert content[1 + 3].tolist() == pytest.approx(side[3], abs=1e-3)
+
+
+def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
+    ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    r = evaluate(ckpt, tiny_data, split="test", batch_size=32, num_workers=0)
+    assert r["rows"] == 90 and r["auc_exact"]
+    assert r["auc_lo"] <= r["auc"] <= r["auc_hi"]
+    assert 0 < r["logloss"] < 2 and r["gauc_groups"] > 0
+    out = tmp_path / "pred.parquet"
+    cli_main(
+        [
+            "predict",
+            logger_config(tmp_path / "p"),
+            f"--data.data_dir={tiny_data}",
+            "--data.num_workers=0",
+            "--model.ranker.d_model=16",
+            "--model.ranker.n_layers=2",
+            "--model.ranker.n_heads=2",
+            "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--ckpt_path={ckpt}",
+            f"--trainer.callbacks.output={out}",
+        ]
+    )
+    pred = pq.read_table(out).to_pydict()
+    assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
+    assert all(0 < s < 1 for s in pred["score"])
+
+
+def test_evaluate_cli_writes_json(tiny_data, tmp_path):
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
+    ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recformer",
+            "evaluate",
+            "--ckpt",
+            str(ckpt),
+            "--data",
+            str(tiny_data),
+            "--out",
+            str(out),
+            "--num-workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "95% CI" in proc.stdout and "GAUC" in proc.stdout
+    assert json.loads(out.read_text())["rows"] == 90
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recformer",
+            "evaluate",
+            "--ckpt",
+            str(tmp_path / "nope.ckpt"),
+            "--data",
+            str(tiny_data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "nope.ckpt" in bad.stderr
+
+
+def _trainer(root: Path, **kw) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        deterministic=True,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        **kw,
+    )
+
+
+def _module(dm: RecDataModule, **optim) -> RankerModule:
+    pl.seed_everything(0)
+    return RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=3, **optim), dims=dm.feature_dims)
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAt(pl.Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise Killed(f"killed at step {self.step}")
+
+
+def test_killed_mid_epoch_and_resumed_ends_with_the_same_weights(tiny_data, tmp_path):
+    dm = lambda: RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    ref = _module(dm())
+    _trainer(tmp_path / "a", max_epochs=2, enable_checkpointing=False).fit(ref, dm())
+
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=11, save_top_k=-1)
+    first = _module(dm())
+    with pytest.raises(Killed):  # same run configuration, killed after the step-11 checkpoint
+        _trainer(tmp_path / "b", max_epochs=2, callbacks=[ck, KillAt(11)]).fit(first, dm())
+    resumed = _module(dm())
+    _trainer(tmp_path / "c", max_epochs=2, enable_checkpointing=False).fit(
+        resumed, dm(), ckpt_path=next((tmp_path / "ck").glob("*.ckpt"))
+    )
+    assert ref.global_step == resumed.global_step == 2 * 9
+    for (name, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+class NaNAt(pl.Callback):
+    """Poisons the loss on the given steps, as a data or overflow problem would."""
+
+    def __init__(self, steps: set[int]):
+        self.steps = steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step in self.steps:
+            batch.dense[0, 0] = float("nan")
+
+
+def test_nonfinite_step_is_skipped_and_counted(tiny_data, tmp_path):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = _module(dm)
+    snapshots = {}
+
+    class Snap(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            snapshots[trainer.global_step] = {k: v.clone() for k, v in pl_module.net.state_dict().items()}
+
+    _trainer(tmp_path, max_steps=6, callbacks=[NaNAt({3}), Snap()]).fit(m, dm)
+    assert int(m.nonfinite_total) == 1
+    # The poisoned batch (run at global step 3) changed nothing: not the weights, not Adam's state.
+    for k, v in snapshots[4].items():
+        assert torch.equal(v, snapshots[3][k]), k
+    assert not torch.equal(snapshots[5]["head.out.weight"], snapshots[4]["head.out.weight"])
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+    state_steps = {int(s["step"]) for s in m.trainer.optimizers[0].state.values() if "step" in s}
+    assert state_steps == {5}  # 6 batches, one skipped
+
+
+def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_data, tmp_path):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = _module(dm, max_nonfinite_steps=3)
+    with pytest.raises(RuntimeError, match="max_nonfinite_steps=3"):
+        _trainer(tmp_path, max_steps=8, callbacks=[NaNAt({1, 2, 3, 4})]).fit(m, dm)
+
+
+@pytest.mark.parametrize("arch", ["din", "popularity"])
+def test_baselines_train_through_the_same_module(tiny_data, tmp_path, arch):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    pl.seed_everything(0)
+    m = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=2, lr=1e-2), dims=dm.feature_dims, arch=arch)
+    before = {k: v.clone() for k, v in m.net.state_dict().items()}
+    _trainer(tmp_path, max_steps=5).fit(m, dm)
+    changed = [k for k, v in m.net.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed
+
+
+def test_wandb_offline_run_is_written(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("*.wandb")) and (runs[0] / "files").is_dir()
+    assert cli.trainer.loggers[1].disabled is False
+
+
+def test_wandb_failure_never_stops_training(tiny_data, tmp_path, monkeypatch):
+    import wandb
+
+    def broken_init(*a, **k):
+        raise RuntimeError("simulated: cannot reach the W&B server")
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setattr(wandb, "init", broken_init)
+    with pytest.warns(UserWarning, match="W&B logging is off"):
+        cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
+    assert cli.trainer.loggers[1].disabled
+    assert any(r.get("val/auc") for r in read_metrics(Path(cli.trainer.log_dir)))  # CSV has the run
+
+
+def test_two_process_ddp_fit_through_the_cli(tiny_data, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    args = fit_args(
+        tiny_data,
+        tmp_path,
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--trainer.max_epochs=1",
+        "--data.num_workers=1",
+    )
+    args = [a for a in args if a != "--trainer.devices=1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "recformer", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "recformer").glob("version_*"))
+    assert len(runs) == 1  # rank 0 only writes the run directory
+    rows = read_metrics(runs[0])
+    assert any(r.get("val/auc") for r in rows)
+    assert (runs[0] / "checkpoints" / "last.ckpt").is_file()
