@@ -138,8 +138,8 @@ class SequenceSpec:
         self.categorical = [_coerce(CategoricalField, f) for f in self.categorical]
         if self.max_len <= 0:
             raise ValueError(f"sequence.max_len={self.max_len} must be > 0")
-        if self.time_gap_buckets <= 1:
-            raise ValueError(f"sequence.time_gap_buckets={self.time_gap_buckets} must be > 1")
+        if not 1 < self.time_gap_buckets <= 64:
+            raise ValueError(f"sequence.time_gap_buckets={self.time_gap_buckets} must be in [2, 64]")
 
 
 @dataclass

@@ -163,9 +163,18 @@ def test_empty_dataset(data):
 
 
 def test_no_files(data):
-    shutil.rmtree(data / "val")
+    shutil.rmtree(data / "train")
     msg = setup_error(data, "no Parquet files")
-    assert str(data / "val") in msg
+    assert str(data / "train") in msg
+
+
+def test_missing_validation_split_only_disables_validation(data):
+    shutil.rmtree(data / "val")
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0)
+    dm.setup("fit")
+    assert "val" not in dm.splits and dm.val_dataloader() == []
+    with pytest.raises(DataError, match="no Parquet files"):
+        dm.setup("validate")
 
 
 def test_spec_names_a_column_the_data_lacks(data):

@@ -4,8 +4,9 @@ Shape legend: ``B`` batch, ``L`` history length (``FeatureDims.max_len``), ``F``
 categorical fields, ``C`` per-event categorical fields, ``I`` item side features, ``E`` summed
 per-row embedding dims, ``Dn`` dense features.
 
-Id conventions (see ``recformer.config.OOV_ROW``): every id tensor holds *row indices* into its
-field's own table: known id ``i`` is row ``i + 1``, row 0 is OOV and padding. Tables are per field;
+Id conventions (see ``recformer.config.OOV_ROW``): every id tensor (``ID_FIELDS``) holds *row
+indices* into its field's own table: known id ``i`` is row ``i + 1``, row 0 is OOV and padding. They
+are int64 once ``Batch.to(device)`` has run; the loader ships them narrower. Tables are per field;
 ``cat[:, f]`` indexes field ``f``'s table of ``FeatureDims.cat_rows[f]`` rows.
 History is left-padded: the most recent event is always at position ``L - 1``.
 """
@@ -15,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+
+
+ID_FIELDS = ("target_item", "cat", "hist_item", "hist_cat", "hist_gap")
+"""Fields holding table rows; int64 at the model (``Batch.to``), possibly narrower before."""
 
 
 @dataclass

@@ -210,6 +210,9 @@ class RecDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         for split in self._split_names(stage):
+            if split == "val" and stage == "fit" and not self.has_split("val"):
+                log.warning("no validation split under %s: training runs without validation", self.data_dir)
+                continue
             if split not in self.splits:
                 self.splits[split] = self.index_split(split)
             if self.validate == "full" and split not in self._validated:
@@ -222,6 +225,11 @@ class RecDataModule(pl.LightningDataModule):
                         split,
                         unknown,
                     )
+
+    def has_split(self, split: str) -> bool:
+        return (
+            any((self.data_dir / split).glob("*.parquet")) or (self.data_dir / f"{split}.parquet").is_file()
+        )
 
     def index_split(self, split: str) -> SplitIndex:
         files = list_split_files(self.data_dir, split)
@@ -282,7 +290,9 @@ class RecDataModule(pl.LightningDataModule):
         self._train_loader = loader
         return loader
 
-    def val_dataloader(self) -> RecDataLoader:
+    def val_dataloader(self) -> RecDataLoader | list:
+        if "val" not in self.splits and not self.has_split("val"):
+            return []  # Lightning runs no validation loop for an empty list
         return self._loader(self._stream("val", train=False))
 
     def test_dataloader(self) -> RecDataLoader:

@@ -114,15 +114,12 @@ class ParquetStream(IterableDataset):
             data = self._read(pieces_for(order, w_lo, w_hi))
             if self.shuffle and self.train:
                 rng = np.random.default_rng([self.seed, self.plan.epoch, self.plan.rank, logical, j])
-                perm = rng.permutation(len(data))
-            else:
-                perm = np.arange(len(data))
+                data = data.permute(rng.permutation(len(data)))
             k0 = (skip * B - j * self.window) if j == first_window else 0
             for k in range(k0, len(data), B):
-                idx = perm[k : k + B]
-                if self.drop_last and self.train and len(idx) < B:
+                if self.drop_last and self.train and k + B > len(data):
                     break
-                yield data.take(idx)
+                yield data.batch(k, min(k + B, len(data)))
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, pieces: list[Piece]) -> Decoded:

@@ -46,8 +46,8 @@ class Decoded:
     dense: np.ndarray  # float32 [S, Dn]
     emb: np.ndarray  # float32 [S, E]
     hist_item: np.ndarray  # int32 [S, L]
-    hist_cat: np.ndarray  # int32 [S, L, C]
-    hist_gap: np.ndarray  # int32 [S, L]
+    hist_cat: np.ndarray  # int16 (int32 for vocabularies >= 2**15) [S, L, C]
+    hist_gap: np.ndarray  # uint8 [S, L]
     hist_mask: np.ndarray  # bool [S, L]
     keys: np.ndarray  # int64 [S, K]
     oov: np.ndarray  # int32 [S, n_id_fields]: unknown ids per row and id field
@@ -66,24 +66,28 @@ class Decoded:
             **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Decoded)}
         )
 
-    def take(self, idx: np.ndarray) -> Batch:
-        """Rows ``idx`` as a Batch (ids widened to int64 for embedding/gather ops)."""
-        i64 = lambda a: torch.from_numpy(a[idx].astype(np.int64))
-        f32 = lambda a: torch.from_numpy(np.ascontiguousarray(a[idx]))
+    def permute(self, perm: np.ndarray) -> Decoded:
+        """Rows reordered once per window, so every batch is then a zero-copy slice."""
+        return Decoded(**{f.name: np.take(getattr(self, f.name), perm, axis=0) for f in fields(self)})
+
+    def batch(self, lo: int, hi: int) -> Batch:
+        """Rows ``[lo, hi)`` as a Batch of views. Ids stay compact (int32/int16/uint8) through the
+        DataLoader's inter-process queue and pinned copy; ``Batch.to`` widens them on the device."""
+        t = lambda a: torch.from_numpy(a[lo:hi])
         return Batch(
-            label=f32(self.label),
-            weight=f32(self.weight),
-            group=torch.from_numpy(self.group[idx]),
-            target_item=i64(self.target_item),
-            cat=i64(self.cat),
-            dense=f32(self.dense),
-            emb=f32(self.emb),
-            hist_item=i64(self.hist_item),
-            hist_cat=i64(self.hist_cat),
-            hist_gap=i64(self.hist_gap),
-            hist_mask=torch.from_numpy(self.hist_mask[idx]),
-            keys=torch.from_numpy(self.keys[idx]),
-            oov=torch.from_numpy(self.oov[idx].sum(axis=0, dtype=np.int64)),
+            label=t(self.label),
+            weight=t(self.weight),
+            group=t(self.group),
+            target_item=t(self.target_item),
+            cat=t(self.cat),
+            dense=t(self.dense),
+            emb=t(self.emb),
+            hist_item=t(self.hist_item),
+            hist_cat=t(self.hist_cat),
+            hist_gap=t(self.hist_gap),
+            hist_mask=t(self.hist_mask),
+            keys=t(self.keys),
+            oov=torch.from_numpy(self.oov[lo:hi].sum(axis=0, dtype=np.int64)),
         )
 
 
@@ -121,27 +125,33 @@ class Decoder:
             arr = arr.dictionary_decode()
         if f.vocab is not None:
             idx = pc.index_in(arr, value_set=self._vocab[f.name])
-            ids = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-            rows = ids + 1
-        else:
-            valid = None
-            if arr.null_count:
-                valid = arr.is_valid().to_numpy(zero_copy_only=False)
-                arr = pc.fill_null(arr, 0)
-            ids = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            check_nonneg_ids(ids, where, f.name)
-            rows = np.where(ids < f.vocab_size, ids + 1, 0)
-            if valid is not None:
-                rows[~valid] = 0
-        return rows.astype(np.int32), rows == 0
+            rows = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int32) + 1
+            return rows, rows == 0
+        valid = None
+        if arr.null_count:
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            arr = pc.fill_null(arr, 0)
+        ids = arr.to_numpy(zero_copy_only=False)  # native width: no int64 copy of a hot column
+        check_nonneg_ids(ids, where, f.name)
+        oov = ids >= f.vocab_size
+        if valid is not None:
+            oov |= ~valid
+        rows = ids.astype(np.int32) + 1
+        if oov.any():
+            rows[oov] = 0
+        return rows, oov
 
     def _item_rows(self, arr: pa.Array, col: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
+        """Item table rows (int32) and an OOV flag per value."""
         if arr.null_count:
             raise DataError(f"{where}: item id column {col!r} has {arr.null_count} null(s)")
-        ids = numeric(arr, where, col, np.int64)
+        ids = numeric(arr, where, col, np.int64) if not pa.types.is_integer(arr.type) else arr.to_numpy()
         check_nonneg_ids(ids, where, col)
         oov = ids >= self.spec.item.vocab_size
-        return np.where(oov, 0, ids + 1).astype(np.int32), oov
+        rows = ids.astype(np.int32) + 1
+        if oov.any():
+            rows[oov] = 0
+        return rows, oov
 
     # -- whole table ---------------------------------------------------------------------------
     def decode(self, table: pa.Table | pa.RecordBatch, where: Where) -> Decoded:
@@ -252,18 +262,23 @@ class Decoder:
                 )
             offsets[name] = o
 
-        # Keep the most recent L events (the tail of each list) and left-pad: the newest event
-        # always sits at position L - 1. One set of gather/scatter indices serves every column.
+        # Keep the most recent L events (the tail of each list) and left-pad, so the newest event
+        # always sits at position L - 1. Row-major, the valid slots of the padded [n, L] matrix
+        # come in exactly the order of the kept flat values, so every column is one boolean-mask
+        # scatter; no per-element index arrays.
         keep = np.minimum(lens, L)
-        total = int(keep.sum())
-        rows = np.repeat(np.arange(n, dtype=np.int64), keep)
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(keep) - keep, keep)
-        dst = rows * L + (L - np.repeat(keep, keep) + within)
-        src_rel = np.repeat(lens - keep, keep) + np.repeat(np.cumsum(lens) - lens, keep) + within
-
-        # When nothing is truncated the kept values are the whole flat slice, in order.
-        truncated = total != int(lens.sum())
-        pick = (lambda v: v[src_rel]) if truncated else (lambda v: v)
+        mask = np.arange(L)[None, :] >= (L - keep)[:, None]
+        truncated = bool((lens > L).any())
+        if truncated:
+            # Drop the oldest len - L values of each long row: +1/-1 marks, then a running sum.
+            marks = np.zeros(int(lens.sum()) + 1, np.int64)
+            starts = np.cumsum(lens) - lens
+            long_rows = lens > L
+            np.add.at(marks, starts[long_rows], 1)
+            np.add.at(marks, starts[long_rows] + lens[long_rows] - L, -1)
+            kept = np.cumsum(marks[:-1]) == 0
+        pick = (lambda v: v[kept]) if truncated else (lambda v: v)
+        row_of = lambda flags: np.repeat(np.arange(n), keep)[flags]  # only called when some id is OOV
 
         def flat_values(name: str, o: np.ndarray) -> pa.Array:
             flat = col(name).values.slice(o[0], o[-1] - o[0]) if n else pa.array([], pa.int64())
@@ -271,37 +286,31 @@ class Decoder:
                 raise DataError(f"{where}: list column {name!r} holds {flat.null_count} null element(s)")
             return flat.dictionary_decode() if pa.types.is_dictionary(flat.type) else flat
 
-        mask = np.zeros(n * L, bool)
-        mask[dst] = True
+        def oov_counts(flags: np.ndarray) -> np.ndarray:
+            return np.bincount(row_of(flags), minlength=n) if flags.any() else np.zeros(n, np.int64)
 
         item_rows, item_oov = self._item_rows(flat_values(s.item_column, off), s.item_column, where)
-        item_rows, item_oov = pick(item_rows), pick(item_oov)
-        hist_item = np.zeros(n * L, np.int32)
-        hist_item[dst] = item_rows
-        seq_oov = [np.bincount(rows[item_oov], minlength=n)]
+        hist_item = np.zeros((n, L), np.int32)
+        hist_item[mask] = pick(item_rows)
+        seq_oov = [oov_counts(pick(item_oov))]
 
-        hist_cat = np.zeros((n * L, len(s.categorical)), np.int32)
+        cat_dtype = np.int16 if max((f.rows for f in s.categorical), default=0) < 2**15 else np.int32
+        hist_cat = np.zeros((n, L, len(s.categorical)), cat_dtype)
         for j, f in enumerate(s.categorical):
             r, oov = self._cat_rows(flat_values(f.name, offsets[f.name]), f, where)
-            hist_cat[dst, j] = pick(r)
-            seq_oov.append(np.bincount(rows[pick(oov)], minlength=n))
+            hist_cat[:, :, j][mask] = pick(r)
+            seq_oov.append(oov_counts(pick(oov)))
 
-        hist_gap = np.zeros(n * L, np.int32)
+        hist_gap = np.zeros((n, L), np.uint8)
         if s.time_gap_column:
             name = s.time_gap_column
-            gaps = pick(flat_values(name, offsets[name]).to_numpy(zero_copy_only=False).astype(np.float64))
+            gaps = pick(flat_values(name, offsets[name]).to_numpy(zero_copy_only=False))
             check_finite(gaps, where, name)
-            if total and gaps.min() < 0:
+            if len(gaps) and gaps.min() < 0:
                 raise DataError(f"{where}: column {name!r} has negative time gaps; expected seconds >= 0")
-            b = np.floor(np.log2(1.0 + gaps / _GAP_UNIT_S)).astype(np.int64)
-            hist_gap[dst] = np.clip(b, 0, s.time_gap_buckets - 1) + 1
-        return (
-            hist_item.reshape(n, L),
-            hist_cat.reshape(n, L, len(s.categorical)),
-            hist_gap.reshape(n, L),
-            mask.reshape(n, L),
-            seq_oov,
-        )
+            b = np.log2(1.0 + gaps.astype(np.float32) * np.float32(1.0 / _GAP_UNIT_S))
+            hist_gap[mask] = np.minimum(b, s.time_gap_buckets - 1).astype(np.uint8) + 1
+        return hist_item, hist_cat, hist_gap, mask, seq_oov
 
 
 # ----------------------------------------------------------------------------------------------
