@@ -104,6 +104,28 @@ def test_each_norm_placement_equals_its_formula(placement: str, norm: str) -> No
     torch.testing.assert_close(block(x, attend), want)
 
 
+@pytest.mark.parametrize("qk", ["head", "full"])
+@pytest.mark.parametrize("placement", ["post", "pre", "sandwich", "reordered", "deepnorm"])
+def test_block_restricted_to_kept_rows_equals_the_full_block_rows(placement: str, qk: str) -> None:
+    """The last block's shortcut (queries, out projection and MLP only on the read tokens)."""
+    torch.manual_seed(0)
+    cfg = RankerConfig(d_model=16, n_heads=2, n_layers=3, norm_placement=placement, qk_norm=qk)
+    block = make_block(cfg, 1).double()
+    x = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    attend = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    attend[0, ..., 2:5] = False
+    for keep in (slice(0, 1), slice(6, 7), slice(0, 7, 6)):
+        full = block(x, attend)[:, keep]
+        part = block(x, attend, keep)
+        torch.testing.assert_close(part, full)
+        g = torch.randn_like(part)
+        params = [x, *block.parameters()]
+        got = torch.autograd.grad((part * g).sum(), params)
+        want = torch.autograd.grad((full * g).sum(), params)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
 def test_layernorm_scaling_off_leaves_norms_unscaled() -> None:
     on, off = _block("pre", "rms", 3, 4, scaling=True), _block("pre", "rms", 3, 4, scaling=False)
     assert on.attn_norm.scale == pytest.approx(0.5) and on.mlp_norm.scale == pytest.approx(0.5)

@@ -76,7 +76,7 @@ def test_init_std_within_20_percent_of_policy(method: str, mlp: str) -> None:
                 f"{method} block {layer} {role}: std {got:.4g}, policy {want:.4g}"
             )
     # Embedding tables stay at init_std under every method (muP: constant in width).
-    assert float(ranker.tokens.item_table.weight.detach().std()) == pytest.approx(0.02, rel=0.2)
+    assert float(ranker.tokens.table.weight.detach().std()) == pytest.approx(0.02, rel=0.2)
     head = ranker.head
     want_head = 0.02 / math.sqrt(D / 64) if method == "mup" else 0.02
     if method in ("xavier", "deepnorm"):
@@ -100,10 +100,7 @@ def test_param_kinds_cover_every_parameter_with_the_right_kind() -> None:
     assert set(kinds) == {n for n, _ in ranker.named_parameters()}
     assert kinds["head.out.weight"] == "readout"
     assert kinds["head.hidden.weight"] == "hidden" and kinds["head.out.bias"] == "vector"
-    assert (
-        kinds["tokens.item_table.weight"] == "embedding"
-        and kinds["tokens.content_proj.weight"] == "embedding"
-    )
+    assert kinds["tokens.table.weight"] == "embedding" and kinds["tokens.content_proj.weight"] == "embedding"
     assert kinds["tokens.slot_emb"] == "embedding" and kinds["tokens.cls"] == "embedding"
     for i in range(2):
         assert kinds[f"blocks.{i}.attn.qkv.weight"] == "hidden"

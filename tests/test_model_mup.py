@@ -54,7 +54,7 @@ def test_readout_input_is_scaled_by_one_over_m() -> None:
     x = torch.randn(3, ranker.n_tokens, 128)
     z = torch.cat([x[:, 0], x[:, -1]], dim=-1)
     want = head.out(torch.nn.functional.gelu(head.hidden(z)) / 4.0).squeeze(-1)  # m = 128 / 32
-    torch.testing.assert_close(head(x), want)
+    torch.testing.assert_close(head(head.select(x)), want)
 
 
 def test_attention_scale_and_lr_multipliers() -> None:

@@ -85,6 +85,49 @@ def test_model_without_history_or_context_features() -> None:
     assert stats["attn_entropy"].shape == (2, 2)
 
 
+def test_tokens_equal_per_field_lookups() -> None:
+    """The one-bag lookup against a per-sample, per-field loop over the same table."""
+    dims = tiny_dims()
+    ranker = _ranker(dims, dense_tokens=2)
+    tok = ranker.tokens
+    batch = random_batch(dims, batch_size=3)
+    x, valid = tok(batch)
+    W, slot, D = tok.table.weight, tok.slot_emb, 16
+    # Row offsets in table order: context fields, items, item features, event categoricals, gaps.
+    sizes = [*dims.cat_rows, dims.item_rows, *dims.item_feat_rows, *dims.hist_cat_rows, dims.time_gap_buckets]
+    start = [sum(sizes[:i]) for i in range(len(sizes))]
+    n_cat, n_feat = len(dims.cat_rows), len(dims.item_feat_rows)
+    s_item, s_feat = start[n_cat], start[n_cat + 1 : n_cat + 1 + n_feat]
+    s_hcat, s_gap = start[n_cat + 1 + n_feat], start[-1]
+    feats, content = tok.item_feats, tok.item_content.float()
+
+    def item(i: int) -> torch.Tensor:
+        v = W[s_item + i] + tok.content_proj(content[i])
+        return v + sum(W[s_feat[f] + feats[i, f]] for f in range(n_feat))
+
+    for b in range(3):
+        want = [tok.cls]
+        want += list(tok.dense_proj(batch.dense[b]).view(2, D))
+        want += [tok.emb_proj[0](batch.emb[b])]
+        want += [W[start[f] + batch.cat[b, f]] for f in range(n_cat)]
+        for t in range(dims.max_len):
+            i = int(batch.hist_item[b, t])
+            want.append(item(i) + W[s_hcat + batch.hist_cat[b, t, 0]] + W[s_gap + batch.hist_gap[b, t]])
+        want.append(item(int(batch.target_item[b])))
+        torch.testing.assert_close(x[b], torch.stack(want) + slot)
+    n_ctx = 1 + 2 + 1 + n_cat
+    assert tok.n_context == n_ctx and valid[:, :n_ctx].all() and valid[:, -1].all()
+    assert torch.equal(valid[:, n_ctx:-1], batch.hist_mask)
+
+
+@pytest.mark.parametrize("read", ["cls", "target", "both"])
+def test_head_reads_the_configured_tokens(read: str) -> None:
+    ranker = _ranker(head=read)
+    x = torch.randn(2, 9, 16)
+    want = {"cls": x[:, [0]], "target": x[:, [8]], "both": x[:, [0, 8]]}[read]
+    assert torch.equal(ranker.head.select(x), want)
+
+
 def test_stats_have_the_documented_shapes_and_values() -> None:
     dims = tiny_dims()
     ranker = _ranker(dims, n_layers=3)

@@ -1,6 +1,7 @@
 """Multi-head self-attention with optional QK-Norm and a muP-aware logit scale.
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``H`` head width (D / N).
+Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``H`` head width (D / N),
+``Q`` query tokens (T, or the few the head reads in the last block).
 
 Two paths share the projections:
 
@@ -52,26 +53,46 @@ class Attention(nn.Module):
         self.probe: dict[str, torch.Tensor] | None = None
         """Set to a dict by the ranker's stats path: the next forward fills it and runs eagerly."""
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        """``attend_B11T`` is True where a key may be attended to (None = every token is valid)."""
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        """Update for every token, or only for the query tokens ``keep`` selects (then [B, Q, D]).
+
+        ``attend_B11T`` is True where a key may be attended to (None = every token is valid). With
+        ``keep``, keys and values still come from all T tokens but queries only from the kept ones.
+        """
         B, T, D = x_BTD.shape
         N, H = self.n_heads, self.d_head
-        qkv_BTX = self.qkv(x_BTD)
-        if self.qk_norm is not None and self.qk_norm.mode == "full":
-            q_BTD, k_BTD, v_BTD = qkv_BTX.split(D, dim=-1)
-            q_BTD = self.qk_norm.q_norm(q_BTD)  # QK-Norm over the full width (OLMo 2)
-            k_BTD = self.qk_norm.k_norm(k_BTD)
-            q_BTNH, k_BTNH, v_BTNH = (t.view(B, T, N, H) for t in (q_BTD, k_BTD, v_BTD))
+        full_qk = self.qk_norm is not None and self.qk_norm.mode == "full"
+        if keep is None:
+            qkv_BTX = self.qkv(x_BTD)  # one fused matmul for q, k and v
+            if full_qk:
+                q_BQD, k_BTD, v_BTD = qkv_BTX.split(D, dim=-1)
+            else:
+                q_BQNH, k_BTNH, v_BTNH = qkv_BTX.view(B, T, 3, N, H).unbind(dim=2)
         else:
-            q_BTNH, k_BTNH, v_BTNH = qkv_BTX.view(B, T, 3, N, H).unbind(dim=2)
-            if self.qk_norm is not None:
-                q_BTNH = self.qk_norm.q_norm(q_BTNH)  # QK-Norm per head: bounds the logits
-                k_BTNH = self.qk_norm.k_norm(k_BTNH)
-        q_BNTH, k_BNTH, v_BNTH = (t.transpose(1, 2) for t in (q_BTNH, k_BTNH, v_BTNH))
+            # Only the kept tokens need queries: project them alone, keys and values for all.
+            w_q, w_kv = self.qkv.weight.split([D, 2 * D], dim=0)
+            q_BQD = F.linear(x_BTD[:, keep], w_q)
+            kv_BTX = F.linear(x_BTD, w_kv)
+            if full_qk:
+                k_BTD, v_BTD = kv_BTX.split(D, dim=-1)
+            else:
+                q_BQNH = q_BQD.view(B, -1, N, H)
+                k_BTNH, v_BTNH = kv_BTX.view(B, T, 2, N, H).unbind(dim=2)
+        if full_qk:
+            q_BQD = self.qk_norm.q_norm(q_BQD)  # QK-Norm over the full width (OLMo 2)
+            k_BTD = self.qk_norm.k_norm(k_BTD)
+            q_BQNH = q_BQD.view(B, -1, N, H)
+            k_BTNH, v_BTNH = k_BTD.view(B, T, N, H), v_BTD.view(B, T, N, H)
+        elif self.qk_norm is not None:
+            q_BQNH = self.qk_norm.q_norm(q_BQNH)  # QK-Norm per head: bounds the logits
+            k_BTNH = self.qk_norm.k_norm(k_BTNH)
+        q_BNQH, k_BNTH, v_BNTH = (t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
 
-        if self.probe is None:
-            o_BNTH = F.scaled_dot_product_attention(
-                q_BNTH,
+        if self.probe is None or keep is not None:
+            o_BNQH = F.scaled_dot_product_attention(
+                q_BNQH,
                 k_BNTH,
                 v_BNTH,
                 attn_mask=attend_B11T,
@@ -79,10 +100,10 @@ class Attention(nn.Module):
                 scale=self.scale,
             )
         else:
-            o_BNTH = self._explicit(q_BNTH, k_BNTH, v_BNTH, attend_B11T, self.probe)
-        o_BTD = o_BNTH.transpose(1, 2).reshape(B, T, D)
-        y_BTD = self.out(o_BTD)
-        return F.dropout(y_BTD, self.dropout, self.training) if self.dropout > 0 else y_BTD
+            o_BNQH = self._explicit(q_BNQH, k_BNTH, v_BNTH, attend_B11T, self.probe)
+        o_BQD = o_BNQH.transpose(1, 2).reshape(B, -1, D)
+        y_BQD = self.out(o_BQD)
+        return F.dropout(y_BQD, self.dropout, self.training) if self.dropout > 0 else y_BQD
 
     def _explicit(
         self,

@@ -1,6 +1,7 @@
 """Transformer blocks: the MLP and one small class per norm placement (DESIGN section 4).
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width.
+Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width, ``Q`` updated
+tokens (T, or the ``keep`` slice of the last block).
 
 Every block is attention + MLP, each a residual branch ``f``. The placements differ only in where
 the norms sit, so each class overrides ``forward`` in two lines:
@@ -40,6 +41,12 @@ def mlp_hidden(cfg: RankerConfig) -> int:
     if cfg.mlp == "swiglu":
         return 8 * math.ceil(hidden * 2 / 3 / 8)
     return max(1, round(hidden))
+
+
+def rows(x_BTD: torch.Tensor, keep: slice | None) -> torch.Tensor:
+    """The residual rows a block updates: all tokens, or the ``keep`` slice (the last block only
+    needs the tokens the head reads; the others' outputs would be computed and thrown away)."""
+    return x_BTD if keep is None else x_BTD[:, keep]
 
 
 class MLP(nn.Module):
@@ -82,7 +89,10 @@ class Block(nn.Module):
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, scale)
         self.mlp_norm = make_norm(cfg.norm, cfg.d_model, scale)
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        """New residual stream [B, T, D], or only the rows ``keep`` selects ([B, Q, D])."""
         raise NotImplementedError(f"{type(self).__name__} must define forward")
 
 
@@ -91,9 +101,11 @@ class PostNormBlock(Block):
 
     placement = "post"
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        h_BTD = self.attn_norm(x_BTD + self.attn(x_BTD, attend_B11T))
-        return self.mlp_norm(h_BTD + self.mlp(h_BTD))
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        h_BQD = self.attn_norm(rows(x_BTD, keep) + self.attn(x_BTD, attend_B11T, keep))
+        return self.mlp_norm(h_BQD + self.mlp(h_BQD))
 
 
 class PreNormBlock(Block):
@@ -101,9 +113,11 @@ class PreNormBlock(Block):
 
     placement = "pre"
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        h_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), attend_B11T)
-        return h_BTD + self.mlp(self.mlp_norm(h_BTD))
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        h_BQD = rows(x_BTD, keep) + self.attn(self.attn_norm(x_BTD), attend_B11T, keep)
+        return h_BQD + self.mlp(self.mlp_norm(h_BQD))
 
 
 class SandwichNormBlock(Block):
@@ -117,9 +131,11 @@ class SandwichNormBlock(Block):
         self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
         self.mlp_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        h_BTD = x_BTD + self.attn_out_norm(self.attn(self.attn_norm(x_BTD), attend_B11T))
-        return h_BTD + self.mlp_out_norm(self.mlp(self.mlp_norm(h_BTD)))
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        h_BQD = rows(x_BTD, keep) + self.attn_out_norm(self.attn(self.attn_norm(x_BTD), attend_B11T, keep))
+        return h_BQD + self.mlp_out_norm(self.mlp(self.mlp_norm(h_BQD)))
 
 
 class ReorderedNormBlock(Block):
@@ -127,9 +143,11 @@ class ReorderedNormBlock(Block):
 
     placement = "reordered"
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        h_BTD = x_BTD + self.attn_norm(self.attn(x_BTD, attend_B11T))
-        return h_BTD + self.mlp_norm(self.mlp(h_BTD))
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        h_BQD = rows(x_BTD, keep) + self.attn_norm(self.attn(x_BTD, attend_B11T, keep))
+        return h_BQD + self.mlp_norm(self.mlp(h_BQD))
 
 
 def deepnorm_alpha(n_layers: int) -> float:
@@ -152,9 +170,11 @@ class DeepNormBlock(Block):
         super().__init__(cfg, layer)
         self.alpha = deepnorm_alpha(cfg.n_layers)
 
-    def forward(self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None) -> torch.Tensor:
-        h_BTD = self.attn_norm(self.alpha * x_BTD + self.attn(x_BTD, attend_B11T))
-        return self.mlp_norm(self.alpha * h_BTD + self.mlp(h_BTD))
+    def forward(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
+    ) -> torch.Tensor:
+        h_BQD = self.attn_norm(self.alpha * rows(x_BTD, keep) + self.attn(x_BTD, attend_B11T, keep))
+        return self.mlp_norm(self.alpha * h_BQD + self.mlp(h_BQD))
 
 
 BLOCKS: dict[str, type[Block]] = {

@@ -2,11 +2,12 @@
 
 Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``F`` context categorical fields,
 ``C`` per-event categorical fields, ``I`` item side features, ``L`` history length, ``S`` item slots
-(the L history events and the target, L + 1), ``V`` table rows, ``K`` content dimension.
+(the L history events and the target, L + 1), ``J`` ids of an item (1 + I), ``U`` bags per sample
+(F + S), ``X`` flattened ids of the batch, ``K`` content dimension.
 
 Token layout, fixed per model so every position has a meaning::
 
-    [CLS] [cat_1 .. cat_F] [dense_1 .. dense_Td] [emb_1 .. emb_E] [event_1 .. event_L] [target]
+    [CLS] [dense_1 .. dense_Td] [emb_1 .. emb_E] [cat_1 .. cat_F] [event_1 .. event_L] [target]
 
 - history event = item + item side features + projected content + event categoricals (action,
   rating, ...) + time-gap bucket; target = item + item side features + projected content. History and
@@ -16,8 +17,9 @@ Token layout, fixed per model so every position has a meaning::
 - ``slot_emb`` adds one learned vector per position: it is the field / type embedding of the
   context tokens and of the target, and the position embedding of the history events.
 
-Each group of per-field tables is one concatenated table with per-field row offsets (a buffer), so
-every lookup is one gather; multi-field sums use ``embedding_bag`` to skip the [B, S, I, D] temporary.
+All categorical rows (context fields, items, item features, event categoricals, time gaps) live in
+one table with per-field row offsets; each token's ids form one bag of a single ``embedding_bag``
+call, so the lookup is one gather (and one scatter-add in backward) and no [B, S, I, D] temporary.
 """
 
 from __future__ import annotations
@@ -28,14 +30,6 @@ from torch import nn
 
 from recformer.config import FeatureDims, RankerConfig
 from recformer.data.batch import Batch
-
-
-def _offsets(rows: list[int]) -> torch.Tensor:
-    """Start row of each field inside the concatenated table."""
-    starts = [0]
-    for r in rows[:-1]:
-        starts.append(starts[-1] + r)
-    return torch.tensor(starts, dtype=torch.long)
 
 
 class FeatureTokenizer(nn.Module):
@@ -63,18 +57,46 @@ class FeatureTokenizer(nn.Module):
         self.n_tokens = self.n_context + self.max_len + 1
         _check_dims(dims)
 
+        # One table for every categorical row: context fields, items, item features, event
+        # categoricals, time gaps. Each token's ids (a history event has 1 + I + C + 1 of them) are
+        # one bag of the same embedding_bag call, so the whole lookup is one gather and one
+        # scatter-add in backward, whatever the number of fields.
+        sizes = {
+            "cat": list(dims.cat_rows),
+            "item": [dims.item_rows],
+            "item_feat": list(dims.item_feat_rows),
+            "hist_cat": list(dims.hist_cat_rows) if self.max_len else [],
+            "gap": [dims.time_gap_buckets] if self.max_len and dims.time_gap_buckets else [],
+        }
+        starts, row = {}, 0
+        for group, rows in sizes.items():
+            starts[group] = []
+            for r in rows:
+                starts[group].append(row)
+                row += r
+        self.table_rows = row
+        self.table = nn.Embedding(row, D)
+        self.item_offset = starts["item"][0]
+        self.gap_offset = starts["gap"][0] if starts["gap"] else -1
+        self.register_buffer("cat_offsets", torch.tensor(starts["cat"], dtype=torch.long), persistent=False)
+        self.register_buffer(
+            "feat_offsets", torch.tensor(starts["item_feat"], dtype=torch.long), persistent=False
+        )
+        self.register_buffer(
+            "hist_cat_offsets", torch.tensor(starts["hist_cat"], dtype=torch.long), persistent=False
+        )
+        # Bag layout of one sample: F single-id bags, L event bags of K_h ids, one target bag of J ids.
+        self.item_ids = 1 + self.n_item_feats  # J
+        self.event_ids = self.item_ids + self.n_hist_cat + (1 if self.gap_offset >= 0 else 0)  # K_h
+        bag_sizes = [1] * self.n_cat + [self.event_ids] * self.max_len + [self.item_ids]
+        self.ids_per_sample = sum(bag_sizes)
+        self.register_buffer("bag_starts", torch.tensor([0, *bag_sizes[:-1]]).cumsum(0), persistent=False)
+
         self.cls = nn.Parameter(torch.zeros(D))
-        if self.n_cat:
-            self.cat_table = nn.Embedding(sum(dims.cat_rows), D)
-            self.register_buffer("cat_offsets", _offsets(dims.cat_rows), persistent=False)
         if self.dense_tokens:
             self.dense_proj = nn.Linear(dims.n_dense, self.dense_tokens * D, bias=False)
         self.emb_proj = nn.ModuleList(nn.Linear(d, D, bias=False) for d in self.emb_dims)
-
-        self.item_table = nn.Embedding(dims.item_rows, D)
         if self.n_item_feats:
-            self.item_feat_table = nn.Embedding(sum(dims.item_feat_rows), D)
-            self.register_buffer("item_feat_offsets", _offsets(dims.item_feat_rows), persistent=False)
             self.register_buffer(
                 "item_feats", torch.zeros(dims.item_rows, self.n_item_feats, dtype=torch.long)
             )
@@ -84,12 +106,6 @@ class FeatureTokenizer(nn.Module):
             self.register_buffer(
                 "item_content", torch.zeros(dims.item_rows, dims.content_dim, dtype=torch.float16)
             )
-
-        if self.n_hist_cat:
-            self.hist_cat_table = nn.Embedding(sum(dims.hist_cat_rows), D)
-            self.register_buffer("hist_cat_offsets", _offsets(dims.hist_cat_rows), persistent=False)
-        if self.max_len and dims.time_gap_buckets:
-            self.gap_table = nn.Embedding(dims.time_gap_buckets, D)
         self.slot_emb = nn.Parameter(torch.zeros(self.n_tokens, D))
 
     # -- item side tables ------------------------------------------------------------------------
@@ -160,42 +176,45 @@ class FeatureTokenizer(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.check_batch(batch)
-        B, D, L = batch.target_item.shape[0], self.d_model, self.max_len
-        parts_BxD = [self.cls.expand(B, 1, D)]
-        if self.n_cat:
-            parts_BxD.append(self.cat_table(batch.cat + self.cat_offsets))
-        if self.dense_tokens:
-            parts_BxD.append(self.dense_proj(batch.dense).view(B, self.dense_tokens, D))
-        if self.emb_dims:
-            for proj, e_BK in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
-                parts_BxD.append(proj(e_BK).unsqueeze(1))
-
-        # History events and the target look up the same item tables in one gather each.
+        B, D, L, F_ = batch.target_item.shape[0], self.d_model, self.max_len, self.n_cat
+        # History events and the target share the item rows (and the item side buffers).
         items_BS = (
             torch.cat([batch.hist_item, batch.target_item[:, None]], dim=1)
             if L
             else batch.target_item[:, None]
         )
         S = items_BS.shape[1]
-        item_BSD = self.item_table(items_BS)
+        ids_BSJ = items_BS.unsqueeze(-1) + self.item_offset
         if self.n_item_feats:
-            feat_X = (self.item_feats[items_BS] + self.item_feat_offsets).view(B * S, self.n_item_feats)
-            item_BSD = item_BSD + F.embedding_bag(feat_X, self.item_feat_table.weight, mode="sum").view(
-                B, S, D
-            )
+            feats_BSI = self.item_feats.index_select(0, items_BS.flatten()).view(B, S, self.n_item_feats)
+            ids_BSJ = torch.cat([ids_BSJ, feats_BSI + self.feat_offsets], dim=-1)
+        pieces = [batch.cat + self.cat_offsets] if F_ else []
+        if L:
+            event = [ids_BSJ[:, :L]]
+            if self.n_hist_cat:
+                event.append(batch.hist_cat + self.hist_cat_offsets)
+            if self.gap_offset >= 0:
+                event.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
+            pieces.append(torch.cat(event, dim=-1).view(B, L * self.event_ids))
+        pieces.append(ids_BSJ[:, L])
+        ids_X = torch.cat(pieces, dim=1).view(-1)
+        starts_X = (
+            self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_X.device)[:, None]
+        ).view(-1)
+        bag_BUD = F.embedding_bag(ids_X, self.table.weight, starts_X, mode="sum").view(B, F_ + S, D)
+
+        parts_BxD = [self.cls.expand(B, 1, D)]
+        if self.dense_tokens:
+            parts_BxD.append(self.dense_proj(batch.dense).view(B, self.dense_tokens, D))
+        if self.emb_dims:
+            for proj, e_BK in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
+                parts_BxD.append(proj(e_BK).unsqueeze(1))
         if self.dims.content_dim:
             w = self.content_proj.weight
-            item_BSD = item_BSD + self.content_proj(self.item_content[items_BS].to(w.dtype))
-        event_BLD = None
-        if self.n_hist_cat:
-            cat_X = (batch.hist_cat + self.hist_cat_offsets).view(B * L, self.n_hist_cat)
-            event_BLD = F.embedding_bag(cat_X, self.hist_cat_table.weight, mode="sum").view(B, L, D)
-        if L and self.dims.time_gap_buckets:
-            gap_BLD = self.gap_table(batch.hist_gap)
-            event_BLD = gap_BLD if event_BLD is None else event_BLD + gap_BLD
-        if event_BLD is not None:
-            item_BSD = torch.cat([item_BSD[:, :L] + event_BLD, item_BSD[:, L:]], dim=1)
-        parts_BxD.append(item_BSD)
+            content_BSK = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
+            parts_BxD += [bag_BUD[:, :F_], bag_BUD[:, F_:] + self.content_proj(content_BSK)]
+        else:
+            parts_BxD.append(bag_BUD)
 
         x_BTD = torch.cat(parts_BxD, dim=1) + self.slot_emb
         if not L:

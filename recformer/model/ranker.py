@@ -1,12 +1,14 @@
 """The tokenized-feature Transformer ranker: tokens -> blocks -> head -> one click logit per sample.
 
 Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``L`` number of blocks,
-``X`` head input width (D or 2D), ``M`` head hidden width.
+``K`` tokens the head reads (1 or 2), ``M`` head hidden width.
 
 Two forward paths over the same modules:
 
 - ``ranker(batch)``: the training path. No hooks, no host syncs, no branching on tensor values;
-  ``ranker.compile()`` (in place, state-dict keys unchanged) captures it as one graph.
+  ``ranker.compile()`` (in place, state-dict keys unchanged) captures it as one graph. The last
+  block updates only the token(s) the head reads (its other outputs would be dead compute), which
+  removes most of that block's matmuls: about (L - 1) / L of the model's block FLOPs remain.
 - ``ranker(batch, return_stats=True)``: the probe path for the health callbacks. It runs eagerly
   even on a compiled ranker (``torch.compiler.disable``) and forms attention explicitly to read the
   logits. See ``Ranker.forward`` for the statistics it returns.
@@ -45,15 +47,20 @@ class Head(nn.Module):
         self.out = nn.Linear(self.hidden.out_features, 1)
         self.readout_mult = 1.0 / cfg.width_mult if cfg.mup else 1.0
 
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        # The CLS token is at position 0 and the target at T - 1 (see FeatureTokenizer).
+    def keep(self, n_tokens: int) -> slice:
+        """Positions the head reads: CLS at 0, the target at T - 1 (see FeatureTokenizer)."""
         if self.read == "cls":
-            z_BX = x_BTD[:, 0]
-        elif self.read == "target":
-            z_BX = x_BTD[:, -1]
-        else:
-            z_BX = torch.cat([x_BTD[:, 0], x_BTD[:, -1]], dim=-1)
-        h_BM = F.gelu(self.hidden(z_BX))
+            return slice(0, 1)
+        if self.read == "target":
+            return slice(n_tokens - 1, n_tokens)
+        return slice(0, n_tokens, n_tokens - 1)  # 0 and T - 1 (T >= 2: CLS and target always exist)
+
+    def select(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return x_BTD[:, self.keep(x_BTD.shape[1])]
+
+    def forward(self, z_BKD: torch.Tensor) -> torch.Tensor:
+        """``z_BKD``: the selected (and normalised) tokens; returns logits [B]."""
+        h_BM = F.gelu(self.hidden(z_BKD.flatten(1)))
         if self.readout_mult != 1.0:
             h_BM = h_BM * self.readout_mult
         return self.out(h_BM).squeeze(-1)
@@ -135,9 +142,16 @@ class Ranker(nn.Module):
             return self._forward_with_stats(batch)
         x_BTD, valid_BT = self.tokens(batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
-        for block in self.blocks:
-            x_BTD = block(x_BTD, attend_B11T)
-        return self.head(self.final_norm(x_BTD)).float()
+        last = len(self.blocks) - 1
+        keep = self.head.keep(x_BTD.shape[1])
+        for i, block in enumerate(self.blocks):
+            if i < last:
+                x_BTD = block(x_BTD, attend_B11T)
+            else:
+                # The head reads 1-2 tokens: the last block updates only those (queries, out
+                # projection and MLP on K tokens instead of T); keys and values still see all.
+                z_BKD = block(x_BTD, attend_B11T, keep)
+        return self.head(self.final_norm(z_BKD)).float()
 
     @torch.compiler.disable
     def _forward_with_stats(
@@ -167,7 +181,7 @@ class Ranker(nn.Module):
             entropy.append(probe["entropy_N"].float())
             hidden.append(y_BTD.detach())
             x_BTD = y_BTD
-        logits_B = self.head(self.final_norm(x_BTD)).float()
+        logits_B = self._read(x_BTD)
         stats: dict[str, torch.Tensor | list[torch.Tensor]] = {
             "hidden": hidden,
             "resid_rms": torch.stack(resid),
@@ -176,6 +190,10 @@ class Ranker(nn.Module):
             "cos_adjacent": torch.stack(cos),
         }
         return logits_B, stats
+
+    def _read(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        # Select first, then normalise: the final norm is per token, so only the read tokens need it.
+        return self.head(self.final_norm(self.head.select(x_BTD))).float()
 
     def extra_repr(self) -> str:
         c = self.cfg
