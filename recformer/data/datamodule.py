@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from recformer.config import FeatureDims, FeatureSpec
+from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan
 from recformer.data.decode import Decoder, load_item_tables
 from recformer.data.schema import DataError, Where, check_schema
@@ -59,7 +60,9 @@ class RecDataLoader(DataLoader):
         progress_fn: Callable[[], int] | None = None,
         **kwargs: Any,
     ):
-        super().__init__(stream, batch_size=None, **kwargs)
+        # collate_fn=_as_is: the default converter would turn a PackedBatch's numpy buffer into a
+        # tensor inside the worker, sending it back through shared memory (see PackedBatch).
+        super().__init__(stream, batch_size=None, collate_fn=_as_is, **kwargs)
         self.stream = stream
         self._epoch_fn = epoch_fn
         self._progress_fn = progress_fn
@@ -86,7 +89,7 @@ class RecDataLoader(DataLoader):
         self._yielded = skip
         for batch in super().__iter__():
             self._yielded += 1
-            yield batch
+            yield batch.unpack() if isinstance(batch, PackedBatch) else batch
 
     def _fingerprint(self) -> dict[str, int]:
         s = self.stream
@@ -308,6 +311,10 @@ class RecDataModule(pl.LightningDataModule):
                 f"{name}: {idx.num_rows} rows in {len(idx.files)} file(s), {len(idx.groups)} row groups"
             )
         return "\n".join(lines)
+
+
+def _as_is(item: Any) -> Any:
+    return item
 
 
 def _worker_init(_: int) -> None:

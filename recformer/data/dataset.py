@@ -97,9 +97,10 @@ class ParquetStream(IterableDataset):
         if wid >= len(order):
             return
         logical = order[wid]
-        yield from self._iter_block(logical, nw, skip=taken[logical])
+        # In a worker process, each batch travels as one shared-memory buffer (see PackedBatch).
+        yield from self._iter_block(logical, nw, skip=taken[logical], packed=info is not None)
 
-    def _iter_block(self, logical: int, nw: int, skip: int):
+    def _iter_block(self, logical: int, nw: int, skip: int, packed: bool):
         B = self.batch_size
         lo, hi = self.rank_rows()
         b0, b1 = worker_batches(len(self), logical, nw)
@@ -112,14 +113,16 @@ class ParquetStream(IterableDataset):
             w_lo = start + j * self.window
             w_hi = min(w_lo + self.window, stop)
             data = self._read(pieces_for(order, w_lo, w_hi))
+            perm = None
             if self.shuffle and self.train:
                 rng = np.random.default_rng([self.seed, self.plan.epoch, self.plan.rank, logical, j])
-                data = data.permute(rng.permutation(len(data)))
+                perm = rng.permutation(len(data))
             k0 = (skip * B - j * self.window) if j == first_window else 0
             for k in range(k0, len(data), B):
                 if self.drop_last and self.train and k + B > len(data):
                     break
-                yield data.batch(k, min(k + B, len(data)))
+                idx = slice(k, min(k + B, len(data))) if perm is None else perm[k : k + B]
+                yield data.gather(idx, packed)
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, pieces: list[Piece]) -> Decoded:

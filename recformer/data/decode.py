@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import torch
 
 from recformer.config import CategoricalField, FeatureSpec
-from recformer.data.batch import Batch
+from recformer.data.batch import Batch, PackedBatch
 from recformer.data.schema import (
     DataError,
     Where,
@@ -66,29 +66,30 @@ class Decoded:
             **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Decoded)}
         )
 
-    def permute(self, perm: np.ndarray) -> Decoded:
-        """Rows reordered once per window, so every batch is then a zero-copy slice."""
-        return Decoded(**{f.name: np.take(getattr(self, f.name), perm, axis=0) for f in fields(self)})
-
-    def batch(self, lo: int, hi: int) -> Batch:
-        """Rows ``[lo, hi)`` as a Batch of views. Ids stay compact (int32/int16/uint8) through the
-        DataLoader's inter-process queue and pinned copy; ``Batch.to`` widens them on the device."""
-        t = lambda a: torch.from_numpy(a[lo:hi])
-        return Batch(
-            label=t(self.label),
-            weight=t(self.weight),
-            group=t(self.group),
-            target_item=t(self.target_item),
-            cat=t(self.cat),
-            dense=t(self.dense),
-            emb=t(self.emb),
-            hist_item=t(self.hist_item),
-            hist_cat=t(self.hist_cat),
-            hist_gap=t(self.hist_gap),
-            hist_mask=t(self.hist_mask),
-            keys=t(self.keys),
-            oov=torch.from_numpy(self.oov[lo:hi].sum(axis=0, dtype=np.int64)),
-        )
+    def gather(self, idx: np.ndarray | slice, packed: bool = False) -> Batch | PackedBatch:
+        """Rows ``idx`` (an index array, or a slice for unshuffled reads) as a Batch, or as a
+        PackedBatch whose shared-memory buffer the rows are gathered into directly: one copy per
+        row, wherever the batch goes. Ids stay compact (int32/int16/uint8) through the worker queue
+        and the pinned copy; ``Batch.to`` widens them on the device."""
+        rows = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "oov"}
+        oov = torch.from_numpy(self.oov[idx].sum(axis=0, dtype=np.int64))
+        if not packed:
+            if isinstance(idx, slice):  # contiguous rows: views, no copy
+                return Batch(**{k: torch.from_numpy(v[idx]) for k, v in rows.items()}, oov=oov)
+            return Batch(**{k: torch.from_numpy(np.take(v, idx, axis=0)) for k, v in rows.items()}, oov=oov)
+        n = len(range(*idx.indices(len(self)))) if isinstance(idx, slice) else len(idx)
+        specs = [(k, torch.from_numpy(v[:0]).dtype, (n, *v.shape[1:])) for k, v in rows.items()]
+        specs.append(("oov", torch.int64, tuple(oov.shape)))
+        out = PackedBatch.empty(specs)
+        views = out.views()
+        for k, v in rows.items():
+            dst = views[k].numpy()
+            if isinstance(idx, slice):
+                dst[...] = v[idx]
+            else:
+                np.take(v, idx, axis=0, out=dst)
+        views["oov"].copy_(oov)
+        return out
 
 
 def stable_hash(values: list[str]) -> np.ndarray:
