@@ -90,9 +90,8 @@ def format_table(r: dict[str, Any]) -> str:
         "  calibration table (bin: mean prediction vs observed):",
     ]
     for row in r["calibration_table"]:
-        lines.append(
-            f"    {int(row['bin']):>3}  {row['mean_pred']:.3f}  {row['mean_label']:.3f}  ({int(row['rows'])} rows)"
-        )
+        pred, obs, n = row["mean_pred"], row["mean_label"], int(row["rows"])
+        lines.append(f"    {int(row['bin']):>3}  {pred:.3f}  {obs:.3f}  ({n} rows)")
     return "\n".join(lines)
 
 

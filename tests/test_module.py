@@ -29,9 +29,10 @@ def logger_config(root: Path) -> str:
     """The default loggers (CSV, then W&B), saving under ``root`` instead of ./runs."""
     path = root / "loggers.yaml"
     root.mkdir(parents=True, exist_ok=True)
+    csv_logger = "lightning.pytorch.loggers.CSVLogger"
     path.write_text(
         "trainer:\n  logger:\n"
-        f"    - class_path: lightning.pytorch.loggers.CSVLogger\n      init_args: {{save_dir: {root}, name: recformer}}\n"
+        f"    - class_path: {csv_logger}\n      init_args: {{save_dir: {root}, name: recformer}}\n"
         f"    - class_path: recformer.loggers.SafeWandbLogger\n      init_args: {{save_dir: {root}}}\n"
     )
     return f"--config={path}"
