@@ -31,7 +31,13 @@ def _coord(mup: bool) -> dict[int, torch.Tensor]:
 
 
 def test_coordinate_check_flat_under_mup_and_growing_under_standard_parametrization() -> None:
-    mup, sp = _coord(True), _coord(False)
+    # Many small ops: one thread is as fast here and immune to OpenMP spin-waits on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mup, sp = _coord(True), _coord(False)
+    finally:
+        torch.set_num_threads(threads)
     for res in (mup, sp):
         assert set(res) == set(WIDTHS) and all(v.shape == (3, 2 + 2) for v in res.values())
     # Columns: embeddings, block 1, block 2, logits; after every one of the 3 steps.

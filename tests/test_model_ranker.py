@@ -48,7 +48,8 @@ def test_padded_history_slots_change_no_output(placement: str) -> None:
     logits, stats = ranker(batch, return_stats=True)
     other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
     logits2, stats2 = ranker(other, return_stats=True)
-    torch.testing.assert_close(logits2, logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits2, logits, rtol=0, atol=1e-6)  # probe path
+    torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)  # training path (SDPA)
     valid = torch.ones(logits.shape[0], ranker.n_tokens, dtype=torch.bool)
     n_ctx = ranker.tokens.n_context
     valid[:, n_ctx : n_ctx + dims.max_len] = batch.hist_mask

@@ -1,7 +1,7 @@
 """Transformer blocks: the MLP and one small class per norm placement (DESIGN section 4).
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width, ``Q`` updated
-tokens (T, or the ``keep`` slice of the last block).
+Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width, ``X`` MLP up
+projection width (M, or 2M for SwiGLU), ``Q`` updated tokens (T, or the ``keep`` slice).
 
 Every block is attention + MLP, each a residual branch ``f``. The placements differ only in where
 the norms sit, so each class overrides ``forward`` in two lines:
@@ -19,6 +19,10 @@ placement      branch update                               why / source
 
 With ``layernorm_scaling`` every norm of block ``l`` (1-based) multiplies its output by 1/sqrt(l)
 (Sun et al. 2025, "The Curse of Depth"), which damps the variance growth of deep pre-norm stacks.
+
+``keep`` (a slice of token positions) makes a block update only those rows: attention still reads
+keys and values from every token, but queries, the output projection and the MLP run on the kept
+rows alone. The ranker's last block uses it for the tokens its head reads.
 """
 
 from __future__ import annotations

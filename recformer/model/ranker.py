@@ -142,15 +142,11 @@ class Ranker(nn.Module):
             return self._forward_with_stats(batch)
         x_BTD, valid_BT = self.tokens(batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
-        last = len(self.blocks) - 1
-        keep = self.head.keep(x_BTD.shape[1])
-        for i, block in enumerate(self.blocks):
-            if i < last:
-                x_BTD = block(x_BTD, attend_B11T)
-            else:
-                # The head reads 1-2 tokens: the last block updates only those (queries, out
-                # projection and MLP on K tokens instead of T); keys and values still see all.
-                z_BKD = block(x_BTD, attend_B11T, keep)
+        for block in self.blocks[:-1]:
+            x_BTD = block(x_BTD, attend_B11T)
+        # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
+        # and MLP on K tokens instead of T); their keys and values still come from every token.
+        z_BKD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
         return self.head(self.final_norm(z_BKD)).float()
 
     @torch.compiler.disable
