@@ -36,6 +36,7 @@ from torch import nn
 
 from recformer.config import RankerConfig
 from recformer.model.blocks import deepnorm_beta
+from recformer.model.embedding import FeatureTokenizer
 from recformer.model.norms import LayerNorm, RMSNorm
 
 if TYPE_CHECKING:
@@ -80,6 +81,25 @@ def input_std(cfg: RankerConfig, fan_in: int, fan_out: int) -> float:
 
 
 @torch.no_grad()
+def init_tokens(tokens: FeatureTokenizer, cfg: RankerConfig) -> set[str]:
+    """Token embeddings and input projections of a ``FeatureTokenizer`` (also for models other than
+    the Ranker that share it); returns the parameter names relative to ``tokens``."""
+    names = {id(p): n for n, p in tokens.named_parameters()}
+    covered: set[str] = set()
+    for module in tokens.modules():
+        if isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, cfg.init_std)
+            covered.add(names[id(module.weight)])
+        elif isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, input_std(cfg, module.in_features, module.out_features))
+            covered.add(names[id(module.weight)])
+    for p in (tokens.cls, tokens.slot_emb):
+        p.normal_(0.0, cfg.init_std)
+        covered.add(names[id(p)])
+    return covered
+
+
+@torch.no_grad()
 def init_weights(ranker: Ranker) -> set[str]:
     """Initialise every parameter of ``ranker`` by ``ranker.cfg.init``; return the names covered.
 
@@ -95,18 +115,7 @@ def init_weights(ranker: Ranker) -> set[str]:
     def done(*params: torch.Tensor) -> None:
         covered.update(names[id(p)] for p in params)
 
-    # Token embeddings and input projections.
-    tok = ranker.tokens
-    for module in tok.modules():
-        if isinstance(module, nn.Embedding):
-            normal_(module.weight, cfg.init_std)
-            done(module.weight)
-        elif isinstance(module, nn.Linear):
-            normal_(module.weight, input_std(cfg, module.in_features, module.out_features))
-            done(module.weight)
-    for p in (tok.cls, tok.slot_emb):
-        normal_(p, cfg.init_std)
-        done(p)
+    covered.update(f"tokens.{name}" for name in init_tokens(ranker.tokens, cfg))
 
     # Blocks.
     D = cfg.d_model
