@@ -14,7 +14,12 @@ ATTN_LOGIT_MAX_HEAD = "health/attn_logit_max/block_{i}/head_{h}"
 ATTN_ENTROPY_HEAD = "health/attn_entropy/block_{i}/head_{h}"
 EMB_ROW_NORM = "health/emb_row_norm/{table}/p{q}"
 LOSS_SPIKE = "health/loss_spike"
+LOSS_Z_MAX = "health/loss_z_max"
+LOSS_EMA = "health/loss_ema"
 NONFINITE_STEPS = "health/nonfinite_steps"
+
+# Training loss as the module logs it (f"{stage}/loss").
+TRAIN_LOSS = "train/loss"
 
 # Throughput.
 SAMPLES_PER_S = "perf/samples_per_s"

@@ -1,0 +1,129 @@
+"""Loss spikes and non-finite steps.
+
+A spike is a step whose training loss exceeds the running mean by more than ``threshold`` running
+standard deviations (an exponential moving mean and variance over ~``window`` steps, after
+``warmup_steps`` steps). Every step is checked, so a spike between two log steps is not missed,
+but the check stays on the device: a few scalar ops on the loss Lightning already has
+(``outputs["loss"]``, already reduced over the batch; under DDP rank 0 judges its own loss, no
+collective is added), no host copy. Spikes do not enter the running statistics, so one spike does
+not hide the next. On log steps the sink receives:
+
+- ``health/loss_spike``: spikes since the previous log step;
+- ``health/loss_z_max``: the largest (loss - mean) / std since the previous log step;
+- ``health/loss_ema``: the running mean of the loss;
+- ``health/nonfinite_steps``: steps the module skipped for non-finite gradients (its
+  ``nonfinite_total`` buffer: a count, already the same on every rank).
+
+The running statistics are saved in checkpoints (``state_dict``), so a resumed run keeps judging
+spikes against the history it had instead of warming up again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from recformer.callbacks.sink import MetricSource, StepMetrics
+from recformer.metric_names import LOSS_EMA, LOSS_SPIKE, LOSS_Z_MAX, NONFINITE_STEPS
+
+
+class LossSpikes(MetricSource):
+    def __init__(
+        self,
+        every_n_steps: int | None = None,
+        threshold: float = 6.0,
+        window: int = 100,
+        warmup_steps: int = 50,
+    ) -> None:
+        """
+        Args:
+            every_n_steps: Cadence of logging in optimizer steps (detection runs every step); None =
+                ``trainer.log_every_n_steps``, 0 = off.
+            threshold: A spike is a loss above running mean + threshold * running std.
+            window: Span of the running mean and variance, in steps (EMA weight 2 / (window + 1)).
+            warmup_steps: Steps observed before any spike is called (the statistics settle first).
+        """
+        super().__init__(every_n_steps)
+        if threshold <= 0:
+            raise ValueError(f"LossSpikes.threshold={threshold} must be > 0 (standard deviations)")
+        if window < 2:
+            raise ValueError(f"LossSpikes.window={window} must be >= 2 steps")
+        if warmup_steps < 0:
+            raise ValueError(f"LossSpikes.warmup_steps={warmup_steps} must be >= 0")
+        self.threshold = threshold
+        self.window = window
+        self.warmup_steps = warmup_steps
+        self._alpha = 2.0 / (window + 1)
+        self._seen = 0  # host count of observed steps
+        self._last_step = -1
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def meta(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        return {**super().meta(trainer, pl_module), "threshold": self.threshold, "window": self.window}
+
+    def _init_state(self, device: torch.device) -> dict[str, torch.Tensor]:
+        z = lambda: torch.zeros((), device=device)
+        return {"mean": z(), "var": z(), "spikes": z(), "z_max": z(), "total": z()}
+
+    @torch.no_grad()
+    def _observe(self, trainer: Any, outputs: Any) -> None:
+        """Update the running statistics with this step's loss, once per step, on the device."""
+        step = trainer.global_step
+        if step == self._last_step or not trainer.is_global_zero:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        self._last_step = step
+        loss = loss.detach().float()
+        if self._state is None:
+            self._state = self._init_state(loss.device)
+        elif self._state["mean"].device != loss.device:  # resumed from a checkpoint loaded elsewhere
+            self._state = {k: v.to(loss.device) for k, v in self._state.items()}
+        s = self._state
+        # Early on, a plain average (weight 1/n) so the first losses are not over-weighted.
+        a = max(self._alpha, 1.0 / (self._seen + 1))
+        finite = torch.isfinite(loss)
+        std = s["var"].sqrt().clamp_min(1e-8)
+        z = torch.where(finite, (loss - s["mean"]) / std, torch.zeros_like(loss))
+        if self._seen >= self.warmup_steps:
+            spike = z > self.threshold
+            s["spikes"] += spike
+            s["total"] += spike
+            torch.maximum(s["z_max"], z, out=s["z_max"])
+            keep = finite & ~spike
+        else:
+            keep = finite
+        d = torch.where(keep, loss - s["mean"], torch.zeros_like(loss))
+        s["mean"] += a * d
+        # Exponentially weighted variance (West 1979): var <- (1 - a) * (var + a * d^2).
+        s["var"].copy_(torch.where(keep, (1 - a) * (s["var"] + a * d * d), s["var"]))
+        self._seen += 1
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._observe(trainer, outputs)
+
+    @torch.no_grad()
+    def gather(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
+    ) -> None:
+        self._observe(trainer, outputs)  # the sink may run before this callback's own hook
+        s = self._state
+        if s is not None:
+            out.add([LOSS_SPIKE, LOSS_Z_MAX, LOSS_EMA], torch.stack([s["spikes"], s["z_max"], s["mean"]]))
+            s["spikes"].zero_()
+            s["z_max"].zero_()
+        count = getattr(pl_module, "nonfinite_total", None)
+        if isinstance(count, torch.Tensor):
+            out.add([NONFINITE_STEPS], count)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Tensors as they are (no host copy here); torch.save handles any device.
+        return {"seen": self._seen, "state": self._state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._seen = int(state_dict.get("seen", 0))
+        self._state = state_dict.get("state")

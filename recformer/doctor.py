@@ -1,0 +1,773 @@
+"""``recformer doctor RUN_DIR``: read a run's internal metrics and say which silent failure it has.
+
+Reads ``RUN_DIR/health.jsonl`` (written by ``recformer.callbacks.sink.MetricSink``) and, when
+present, Lightning's ``RUN_DIR/metrics.csv`` (loss, validation metrics, ``health/nonfinite_steps``);
+neither needs W&B. Each check below looks at one metric family and, when it fires, reports the
+evidence: the metric, the blocks, the steps and the values. A run with no finding gets a clean bill
+of health, stated as such.
+
+=========================  ===================================================================
+check                      fires when (thresholds are the named constants below; DESIGN sec. 6)
+=========================  ===================================================================
+bottom_starvation          median grad_ratio_bottom_top over the 2nd half < STARVATION_RATIO
+idle_deep_layers           a block in the upper half has median cos_adjacent > IDLE_COS
+residual_growth            resid_rms rises block after block and last / first >= RESID_GROWTH
+attention_collapse         a block's median attention entropy < ENTROPY_COLLAPSE
+attention_uniform          a block's median attention entropy > ENTROPY_UNIFORM
+update_ratio_low           a block's median update ratio < UPDATE_RATIO_LOW (not learning)
+update_ratio_high          a block's update ratio > UPDATE_RATIO_HIGH at some log step (unstable)
+loss_spikes                health/loss_spike > 0; Adam second moments checked for recovery
+weight_norm_runaway        a block's weight norm grows >= WEIGHT_GROWTH over the 2nd half, rising
+                           at >= RISING_FRACTION of the log steps
+nonfinite_steps            health/nonfinite_steps > 0
+=========================  ===================================================================
+
+"Median" statistics are over the last third of the run's log points (the 2nd half where stated),
+so the start-up transient (warmup, init) does not decide. Outputs, in ``--out`` (default
+``RUN_DIR/doctor``): one PNG per metric family (value per block over steps) and ``index.html``
+showing the findings and the plots together. ``--json`` prints the findings as JSON instead of text.
+
+Exit status: 0 = clean bill of health, 1 = at least one finding, 2 = no metrics could be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recformer import metric_names as mn
+from recformer.callbacks.sink import HEALTH_FILE
+
+# -- thresholds (guides from DESIGN section 6; tune them on your data) ----------------------------
+STARVATION_RATIO = 0.1
+"""grad norm of block 0 / last block below this = the bottom layers are starved (Post-Norm)."""
+IDLE_COS = 0.99
+"""cosine(block input, block output) above this = the block barely changes the stream (idles)."""
+RESID_GROWTH = 2.0
+"""resid RMS of the last block / the first, with a rise at every block, at or above this = growth."""
+RISE_TOLERANCE = 0.02
+"""A step down of less than 2% between adjacent blocks still counts as rising (probe noise)."""
+ENTROPY_COLLAPSE = 0.1
+"""Normalised attention entropy below this = softmax close to one-hot."""
+ENTROPY_UNIFORM = 0.98
+"""Normalised attention entropy above this = attention averages every token."""
+UPDATE_RATIO_LOW = 1e-5
+"""||dW||/||W|| median below this (a decade under DESIGN's 1e-4 "not learning" guide) = frozen."""
+UPDATE_RATIO_HIGH = 1e-1
+"""||dW||/||W|| above this at any log step (a decade over DESIGN's 1e-2 guide; Adam at LR 1e-3 on
+0.02-std weights already sits near 2e-2) = one step moved the block by a tenth of its size."""
+WEIGHT_GROWTH = 0.10
+"""Relative weight-norm growth over the second half of the run at or above this ..."""
+RISING_FRACTION = 0.8
+"""... with the norm rising at this fraction of the log steps = weight decay is not holding."""
+ADAM_RECOVERED = 2.0
+"""Adam's sqrt(v) counts as recovered from a spike once it is back under this x its level before."""
+
+
+@dataclass
+class Finding:
+    check: str
+    """Check name (table in the module docstring)."""
+    title: str
+    """One line: what is wrong."""
+    metric: str
+    """The metric family the evidence comes from."""
+    blocks: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    """Lines of values that support the finding."""
+    advice: str = ""
+
+
+@dataclass
+class Series:
+    steps: np.ndarray
+    values: np.ndarray
+
+    def tail(self, fraction: float) -> Series:
+        """The last ``fraction`` of the points (at least one)."""
+        n = len(self.steps)
+        k = max(1, math.ceil(n * fraction))
+        return Series(self.steps[n - k :], self.values[n - k :])
+
+
+class RunMetrics:
+    """Every metric of a run as step-sorted series, plus the ``meta`` the sink recorded."""
+
+    def __init__(self, series: dict[str, Series], meta: dict[str, Any], sources: list[str]) -> None:
+        self.series = series
+        self.meta = meta
+        self.sources = sources
+
+    def get(self, name: str) -> Series | None:
+        s = self.series.get(name)
+        return s if s is not None and len(s.steps) else None
+
+    def per_block(self, fmt: str) -> dict[int, Series]:
+        """``{block: series}`` for a ``..._{i}`` metric name from ``recformer.metric_names``."""
+        pattern = re.compile("^" + re.escape(fmt).replace(re.escape("{i}"), r"(\d+)") + "$")
+        out = {}
+        for name, s in self.series.items():
+            m = pattern.match(name)
+            if m and len(s.steps):
+                out[int(m.group(1))] = s
+        return dict(sorted(out.items()))
+
+    def matching(self, fmt: str) -> dict[str, Series]:
+        """``{key: series}`` for a name with one other placeholder (``{group}``, ``{table}/p{q}``)."""
+        regex = re.escape(fmt)
+        for ph in re.findall(r"\{(\w+)\}", fmt):
+            regex = regex.replace(re.escape("{" + ph + "}"), r"(.+?)")
+        pattern = re.compile("^" + regex + "$")
+        out = {}
+        for name, s in sorted(self.series.items()):
+            m = pattern.match(name)
+            if m and len(s.steps):
+                out["/".join(m.groups())] = s
+        return out
+
+    @property
+    def n_steps(self) -> int:
+        return int(max((s.steps[-1] for s in self.series.values() if len(s.steps)), default=0))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def load_run(run_dir: Path) -> RunMetrics:
+    """Merge ``health.jsonl`` and ``metrics.csv`` of a run directory (the JSONL wins on overlap)."""
+    points: dict[str, dict[int, float]] = defaultdict(dict)
+    meta: dict[str, Any] = {}
+    sources = []
+    health = run_dir / HEALTH_FILE
+    if health.is_file():
+        sources.append(str(health))
+        with health.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    # A run killed mid-write leaves a torn last line; anything else is corruption.
+                    print(f"doctor: {health}:{lineno}: skipped unreadable line ({e})", file=sys.stderr)
+                    continue
+                if "meta" in record:
+                    meta.update(record["meta"])
+                    continue
+                step = int(record.pop("step"))
+                for name, value in record.items():
+                    if isinstance(value, (int, float)):
+                        points[name][step] = float(value)
+    csv_path = run_dir / "metrics.csv"
+    if csv_path.is_file():
+        sources.append(str(csv_path))
+        with csv_path.open(newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                step = _number(row.get("step", ""))
+                if step is None:
+                    continue
+                for name, text in row.items():
+                    value = _number(text)
+                    if name in ("step", "epoch") or value is None:
+                        continue
+                    points[name].setdefault(int(step), value)
+    series = {}
+    for name, by_step in points.items():
+        steps = np.array(sorted(by_step), dtype=np.int64)
+        series[name] = Series(steps, np.array([by_step[s] for s in steps], dtype=np.float64))
+    return RunMetrics(series, meta, sources)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _median(s: Series) -> float:
+    return float(np.nanmedian(s.values))
+
+
+def _span(s: Series) -> str:
+    return f"steps {int(s.steps[0])}-{int(s.steps[-1])}"
+
+
+# -- checks: each returns its findings, or None when the run has no data for it ----------------
+def check_starvation(run: RunMetrics) -> list[Finding] | None:
+    ratio = run.get(mn.GRAD_RATIO_BOTTOM_TOP)
+    if ratio is None:
+        return None
+    late = ratio.tail(0.5)
+    med = _median(late)
+    if med >= STARVATION_RATIO:
+        return []
+    grads = run.per_block(mn.GRAD_NORM)
+    last = max(grads) if grads else 0
+    evidence = [
+        f"{mn.GRAD_RATIO_BOTTOM_TOP}: median {_fmt(med)} over {_span(late)} (alarm < {STARVATION_RATIO})"
+    ]
+    for i in sorted({0, last}) if grads else []:
+        evidence.append(f"{mn.GRAD_NORM.format(i=i)}: median {_fmt(_median(grads[i].tail(0.5)))}")
+    if grads and np.all(grads[0].tail(0.5).values == 0):
+        evidence.append("block 0 receives no gradient at all: frozen (requires_grad=False) or detached")
+    placement = (run.meta.get("ranker") or {}).get("norm_placement")
+    return [
+        Finding(
+            "bottom_starvation",
+            "bottom layers starved of gradient" + (f" (norm_placement={placement})" if placement else ""),
+            mn.GRAD_RATIO_BOTTOM_TOP,
+            blocks=[0],
+            steps=[int(late.steps[0]), int(late.steps[-1])],
+            evidence=evidence,
+            advice="Post-Norm shrinks gradients on the way down (Xiong et al. 2020): use norm_placement "
+            "pre/sandwich/reordered or deepnorm, add warmup, lower the LR.",
+        )
+    ]
+
+
+def check_idle(run: RunMetrics) -> list[Finding] | None:
+    cos = run.per_block(mn.COS_ADJACENT)
+    if not cos:
+        return None
+    n = max(cos) + 1
+    deep = [i for i in cos if i >= n // 2]
+    meds = {i: _median(cos[i].tail(1 / 3)) for i in deep}
+    idle = [i for i, v in meds.items() if v > IDLE_COS]
+    if not idle:
+        return []
+    s = cos[idle[0]].tail(1 / 3)
+    return [
+        Finding(
+            "idle_deep_layers",
+            f"{len(idle)} of the {len(deep)} upper blocks pass their input through almost unchanged",
+            mn.COS_ADJACENT.format(i="*"),
+            blocks=idle,
+            steps=[int(s.steps[0]), int(s.steps[-1])],
+            evidence=[
+                f"{mn.COS_ADJACENT.format(i=i)}: median {meds[i]:.5f} over {_span(cos[i].tail(1 / 3))} "
+                f"(alarm > {IDLE_COS})"
+                for i in idle
+            ],
+            advice="Deep Pre-Norm blocks idle when the residual stream outgrows their updates: try "
+            "layernorm_scaling, norm_placement sandwich/reordered, depth-scaled init, or fewer layers.",
+        )
+    ]
+
+
+def check_residual_growth(run: RunMetrics) -> list[Finding] | None:
+    rms = run.per_block(mn.RESID_RMS)
+    if len(rms) < 2:
+        return None
+    blocks = sorted(rms)
+    meds = np.array([_median(rms[i].tail(1 / 3)) for i in blocks])
+    rising = bool(np.all(meds[1:] >= meds[:-1] * (1 - RISE_TOLERANCE)))
+    growth = meds[-1] / max(meds[0], 1e-30)
+    if not (rising and growth >= RESID_GROWTH):
+        return []
+    s = rms[blocks[-1]].tail(1 / 3)
+    return [
+        Finding(
+            "residual_growth",
+            f"residual-stream RMS grows {growth:.2f}x from block 0 to block {blocks[-1]}",
+            mn.RESID_RMS.format(i="*"),
+            blocks=blocks,
+            steps=[int(s.steps[0]), int(s.steps[-1])],
+            evidence=[
+                f"{mn.RESID_RMS.format(i='*')} median per block over {_span(s)}: "
+                + ", ".join(_fmt(v) for v in meds)
+                + f" (alarm: rising and last/first >= {RESID_GROWTH})"
+            ],
+            advice="Variance that grows with depth (Curse of Depth, Sun et al. 2025): turn on "
+            "layernorm_scaling, use sandwich/reordered placement or depth-scaled init (init=scaled/depth).",
+        )
+    ]
+
+
+def check_attention(run: RunMetrics) -> list[Finding] | None:
+    ent = run.per_block(mn.ATTN_ENTROPY)
+    if not ent:
+        return None
+    logit = run.per_block(mn.ATTN_LOGIT_MAX)
+    meds = {i: _median(s.tail(1 / 3)) for i, s in ent.items()}
+    findings = []
+    collapsed = [i for i, v in meds.items() if v < ENTROPY_COLLAPSE]
+    uniform = [i for i, v in meds.items() if v > ENTROPY_UNIFORM]
+    if collapsed:
+        evidence = []
+        for i in collapsed:
+            line = f"{mn.ATTN_ENTROPY.format(i=i)}: median {meds[i]:.4f} (alarm < {ENTROPY_COLLAPSE})"
+            if i in logit:
+                lg = logit[i]
+                trend = "rising" if lg.values[-1] > lg.values[0] else "not rising"
+                line += (
+                    f"; {mn.ATTN_LOGIT_MAX.format(i=i)} {_fmt(lg.values[0])} at step {int(lg.steps[0])} -> "
+                    f"{_fmt(lg.values[-1])} at step {int(lg.steps[-1])} ({trend})"
+                )
+            evidence.append(line)
+        s = ent[collapsed[0]].tail(1 / 3)
+        findings.append(
+            Finding(
+                "attention_collapse",
+                f"attention entropy collapsed (softmax near one-hot) in {len(collapsed)} block(s)",
+                mn.ATTN_ENTROPY.format(i="*"),
+                blocks=collapsed,
+                steps=[int(s.steps[0]), int(s.steps[-1])],
+                evidence=evidence,
+                advice="Attention logits grew until softmax saturated (Dehghani et al. 2023): turn on "
+                "qk_norm (head or full), lower the LR, or use the muP 1/d_head attention scale.",
+            )
+        )
+    if uniform:
+        s = ent[uniform[0]].tail(1 / 3)
+        evidence = []
+        for i in uniform:
+            line = f"{mn.ATTN_ENTROPY.format(i=i)}: median {meds[i]:.4f} (alarm > {ENTROPY_UNIFORM})"
+            if i in logit:
+                line += f"; {mn.ATTN_LOGIT_MAX.format(i=i)} median {_fmt(_median(logit[i].tail(1 / 3)))}"
+            evidence.append(line)
+        findings.append(
+            Finding(
+                "attention_uniform",
+                f"attention averages every token (entropy near 1) in {len(uniform)} block(s)",
+                mn.ATTN_ENTROPY.format(i="*"),
+                blocks=uniform,
+                steps=[int(s.steps[0]), int(s.steps[-1])],
+                evidence=evidence,
+                advice="Queries and keys carry no signal: check that q/k weights train (not zero or frozen), "
+                "that qk_norm gains are not stuck near 0, and that the LR is not too low.",
+            )
+        )
+    return findings
+
+
+def check_update_ratio(run: RunMetrics) -> list[Finding] | None:
+    ratios = run.per_block(mn.UPDATE_RATIO)
+    if not ratios:
+        return None
+    findings = []
+    low = {i: _median(s) for i, s in ratios.items() if _median(s) < UPDATE_RATIO_LOW}
+    if low:
+        first = ratios[min(low)]
+        findings.append(
+            Finding(
+                "update_ratio_low",
+                f"{len(low)} block(s) do not learn: updates are a vanishing fraction of the weights",
+                mn.UPDATE_RATIO.format(i="*"),
+                blocks=sorted(low),
+                steps=[int(first.steps[0]), int(first.steps[-1])],
+                evidence=[
+                    f"{mn.UPDATE_RATIO.format(i=i)}: median {_fmt(v)} over {_span(ratios[i])} "
+                    f"(alarm < {UPDATE_RATIO_LOW:g})"
+                    for i, v in sorted(low.items())
+                ],
+                advice="Check that the block is trainable and in an optimizer group with a non-zero LR "
+                "(muP LR / width), that it gets gradient (see grad_norm), and the LR schedule.",
+            )
+        )
+    high = {}
+    for i, s in ratios.items():
+        over = s.values > UPDATE_RATIO_HIGH
+        if over.any():
+            high[i] = (s.steps[over], s.values[over])
+    if high:
+        all_steps = sorted({int(t) for st, _ in high.values() for t in st})
+        evidence = []
+        for i, (st, v) in sorted(high.items()):
+            worst = int(np.argmax(v))
+            evidence.append(
+                f"{mn.UPDATE_RATIO.format(i=i)}: > {UPDATE_RATIO_HIGH:g} at {len(st)} log step(s), "
+                f"max {_fmt(v[worst])} at step {int(st[worst])}"
+            )
+        findings.append(
+            Finding(
+                "update_ratio_high",
+                f"{len(high)} block(s) take unstable steps: an update moved the weights by > "
+                f"{UPDATE_RATIO_HIGH:.0%}",
+                mn.UPDATE_RATIO.format(i="*"),
+                blocks=sorted(high),
+                steps=all_steps,
+                evidence=evidence,
+                advice="Lower the LR or lengthen the warmup (optim.warmup_steps); under muP check "
+                "base_d_model; large ratios at the start only mean the warmup is too short.",
+            )
+        )
+    return findings
+
+
+def _spike_episodes(spikes: Series, gap: int) -> list[tuple[int, int, int]]:
+    """Runs of log steps with spikes, merged when closer than ``gap`` steps: (first, last, count)."""
+    episodes: list[list[int]] = []
+    for step, count in zip(spikes.steps, spikes.values):
+        if count <= 0:
+            continue
+        if episodes and step - episodes[-1][1] <= gap:
+            episodes[-1][1] = int(step)
+            episodes[-1][2] += int(count)
+        else:
+            episodes.append([int(step), int(step), int(count)])
+    return [tuple(e) for e in episodes]  # type: ignore[misc]
+
+
+def _beta2(run: RunMetrics, group: str) -> float | None:
+    for g in (run.meta.get("OptimizerHealth") or {}).get("groups", []):
+        if g.get("name") == group and len(g.get("betas", [])) == 2:
+            return float(g["betas"][1])
+    betas = (run.meta.get("optim") or {}).get("betas")
+    return float(betas[1]) if betas else None
+
+
+def adam_recovery(v: Series, start: int, beta2: float | None) -> str | None:
+    """How Adam's sqrt(v) of one group reacted to a spike that began at log step ``start``."""
+    before = v.values[v.steps < start]
+    after_mask = v.steps >= start
+    if not len(before) or not after_mask.any():
+        return None
+    base = float(before[-1])
+    st, val = v.steps[after_mask], v.values[after_mask]
+    k = int(np.argmax(val))
+    peak, peak_step = float(val[k]), int(st[k])
+    expected = f", expected ~{1 / (1 - beta2):.0f} steps (1/(1-beta2), beta2={beta2:g})" if beta2 else ""
+    if peak <= ADAM_RECOVERED * base:
+        return f"no jump ({_fmt(base)} -> max {_fmt(peak)})"
+    back = np.nonzero(val[k:] <= ADAM_RECOVERED * base)[0]
+    if len(back):
+        rec = int(st[k + back[0]])
+        return (
+            f"jumped {peak / max(base, 1e-30):.1f}x ({_fmt(base)} -> {_fmt(peak)} at step {peak_step}), "
+            f"back under {ADAM_RECOVERED:g}x by step {rec}: {rec - peak_step} steps{expected}"
+        )
+    return (
+        f"jumped {peak / max(base, 1e-30):.1f}x ({_fmt(base)} -> {_fmt(peak)} at step {peak_step}), "
+        f"still {val[-1] / max(base, 1e-30):.1f}x at step {int(st[-1])}, the end of the run: "
+        f"not recovered after {int(st[-1]) - peak_step} steps{expected}; updates of this group stay small "
+        "until it does"
+    )
+
+
+def check_spikes(run: RunMetrics) -> list[Finding] | None:
+    spikes = run.get(mn.LOSS_SPIKE)
+    if spikes is None:
+        return None
+    gap = 2 * int(np.median(np.diff(spikes.steps))) if len(spikes.steps) > 1 else 1
+    episodes = _spike_episodes(spikes, gap)
+    if not episodes:
+        return []
+    z = run.get(mn.LOSS_Z_MAX)
+    loss = run.get(mn.TRAIN_LOSS)
+    evidence = []
+    for first, last, count in episodes:
+        interval = spikes.steps[spikes.steps < first]
+        since = int(interval[-1]) + 1 if len(interval) else 1
+        line = f"{count} spike(s) between steps {since} and {last}"
+        if z is not None:
+            zs = z.values[(z.steps >= first) & (z.steps <= last)]
+            if len(zs):
+                line += f", loss up to {float(zs.max()):.1f} std above its running mean"
+        if loss is not None:
+            around = loss.values[(loss.steps >= since) & (loss.steps <= last)]
+            before = loss.values[loss.steps < since]
+            if len(around) and len(before):
+                line += f" ({mn.TRAIN_LOSS} {_fmt(before[-1])} -> {_fmt(float(around.max()))})"
+        evidence.append(line)
+        for group, v in run.matching(mn.ADAM_V).items():
+            rec = adam_recovery(v, first, _beta2(run, group))
+            if rec:
+                evidence.append(f"  {mn.ADAM_V.format(group=group)}: {rec}")
+    total = sum(c for _, _, c in episodes)
+    return [
+        Finding(
+            "loss_spikes",
+            f"{total} loss spike(s) in {len(episodes)} episode(s)",
+            mn.LOSS_SPIKE,
+            steps=[first for first, _, _ in episodes],
+            evidence=evidence,
+            advice="Spikes inflate Adam's second moments, which then shrink updates for ~1/(1-beta2) steps: "
+            "lower the LR, clip gradients (optim.grad_clip), turn on qk_norm, use beta2 0.95 rather "
+            "than 0.999, and check the batches of those steps for outliers.",
+        )
+    ]
+
+
+def check_weight_norm(run: RunMetrics) -> list[Finding] | None:
+    norms = run.per_block(mn.WEIGHT_NORM)
+    if not norms:
+        return None
+    growing = {}
+    for i, s in norms.items():
+        late = s.tail(0.5)
+        if len(late.values) < 3:
+            continue
+        growth = late.values[-1] / max(late.values[0], 1e-30) - 1
+        rising = float(np.mean(np.diff(late.values) > 0))
+        if growth >= WEIGHT_GROWTH and rising >= RISING_FRACTION:
+            growing[i] = (late, growth, rising)
+    if not growing:
+        return []
+    s0 = next(iter(growing.values()))[0]
+    return [
+        Finding(
+            "weight_norm_runaway",
+            f"weight norm grows steadily in {len(growing)} block(s)",
+            mn.WEIGHT_NORM.format(i="*"),
+            blocks=sorted(growing),
+            steps=[int(s0.steps[0]), int(s0.steps[-1])],
+            evidence=[
+                f"{mn.WEIGHT_NORM.format(i=i)}: {_fmt(late.values[0])} at step {int(late.steps[0])} -> "
+                f"{_fmt(late.values[-1])} at step {int(late.steps[-1])} (+{growth:.0%}, rising at "
+                f"{rising:.0%} of log steps; alarm >= +{WEIGHT_GROWTH:.0%} and >= {RISING_FRACTION:.0%})"
+                for i, (late, growth, rising) in sorted(growing.items())
+            ],
+            advice="Weight decay is not holding the norms: check optim.weight_decay (decoupled, on "
+            "matrices), the LR, and that the growing matrices are in the decayed 'hidden' group.",
+        )
+    ]
+
+
+def check_nonfinite(run: RunMetrics) -> list[Finding] | None:
+    count = run.get(mn.NONFINITE_STEPS)
+    if count is None:
+        return None
+    total = float(np.nanmax(count.values))
+    if total <= 0:
+        return []
+    rose = np.nonzero(np.diff(np.concatenate([[0.0], count.values])) > 0)[0]
+    since = [int(count.steps[k - 1]) + 1 if k else 1 for k in rose]
+    intervals = [f"{a}-{int(count.steps[k])}" for a, k in zip(since, rose)]
+    return [
+        Finding(
+            "nonfinite_steps",
+            f"{int(total)} optimizer step(s) skipped for non-finite gradients",
+            mn.NONFINITE_STEPS,
+            steps=[int(count.steps[k]) for k in rose],
+            evidence=[
+                f"{mn.NONFINITE_STEPS}: reached {int(total)}; new ones in steps " + ", ".join(intervals)
+            ],
+            advice="NaN/Inf gradients: look for extreme or NaN inputs in those batches, lower the LR, "
+            "turn on qk_norm, or keep the loss in float32 under bf16.",
+        )
+    ]
+
+
+CHECKS = (
+    ("bottom_starvation", "bottom-layer gradient starvation", check_starvation),
+    ("idle_deep_layers", "idle deep layers", check_idle),
+    ("residual_growth", "residual variance growth with depth", check_residual_growth),
+    ("attention", "attention entropy collapse / over-averaging", check_attention),
+    ("update_ratio", "update-to-weight ratio in band", check_update_ratio),
+    ("loss_spikes", "loss spikes and Adam recovery", check_spikes),
+    ("weight_norm", "weight-norm runaway", check_weight_norm),
+    ("nonfinite_steps", "non-finite steps", check_nonfinite),
+)
+
+
+@dataclass
+class Diagnosis:
+    run_dir: str
+    sources: list[str]
+    steps: int
+    findings: list[Finding]
+    passed: list[str]
+    skipped: list[str]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+
+def diagnose(run: RunMetrics, run_dir: Path) -> Diagnosis:
+    findings, passed, skipped = [], [], []
+    for _, description, check in CHECKS:
+        result = check(run)
+        if result is None:
+            skipped.append(description)
+        elif result:
+            findings.extend(result)
+        else:
+            passed.append(description)
+    return Diagnosis(str(run_dir), run.sources, run.n_steps, findings, passed, skipped)
+
+
+def report_text(d: Diagnosis) -> str:
+    lines = [f"recformer doctor: {d.run_dir} ({d.steps} steps; read {', '.join(d.sources)})", ""]
+    if d.healthy:
+        lines.append(f"clean bill of health: all {len(d.passed)} checks with data passed")
+    else:
+        lines.append(f"{len(d.findings)} finding(s):")
+    for f in d.findings:
+        where = f" [blocks {', '.join(map(str, f.blocks))}]" if f.blocks else ""
+        lines.append(f"- {f.check}: {f.title}{where}")
+        lines.extend(f"    {e}" for e in f.evidence)
+        if f.advice:
+            lines.append(f"    what to try: {f.advice}")
+    lines.append("")
+    lines.append("passed: " + ("; ".join(d.passed) if d.passed else "none"))
+    if d.skipped:
+        lines.append("skipped (no data in this run): " + "; ".join(d.skipped))
+    return "\n".join(lines)
+
+
+# -- plots ------------------------------------------------------------------------------------
+FAMILIES = (
+    ("grad_norm", "gradient norm per block", mn.GRAD_NORM, True),
+    ("update_ratio", "update / weight ratio per block", mn.UPDATE_RATIO, True),
+    ("weight_norm", "weight norm per block", mn.WEIGHT_NORM, False),
+    ("cos_adjacent", "cosine(block input, block output)", mn.COS_ADJACENT, False),
+    ("resid_rms", "residual RMS after each block", mn.RESID_RMS, False),
+    ("attn_logit_max", "max attention logit per block", mn.ATTN_LOGIT_MAX, False),
+    ("attn_entropy", "attention entropy / log(keys) per block", mn.ATTN_ENTROPY, False),
+    ("adam_v", "Adam sqrt(second moment) per group", mn.ADAM_V, True),
+    ("emb_row_norm", "embedding row-norm percentiles", mn.EMB_ROW_NORM, False),
+)
+"""(file stem, title, metric name format, log y-axis)."""
+
+
+def write_plots(run: RunMetrics, out: Path) -> list[tuple[str, str]]:
+    """One PNG per metric family that has data; returns (file name, title) pairs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig: Any, stem: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}.png", dpi=90)
+        plt.close(fig)
+        written.append((f"{stem}.png", title))
+
+    for stem, title, fmt, logy in FAMILIES:
+        lines = run.per_block(fmt) if "{i}" in fmt else run.matching(fmt)
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        cmap = plt.get_cmap("viridis")
+        for k, (label, s) in enumerate(lines.items()):
+            color = cmap(k / max(1, len(lines) - 1))
+            ax.plot(s.steps, s.values, color=color, label=f"block {label}" if "{i}" in fmt else str(label))
+        if logy and all(np.all(s.values > 0) for s in lines.values()):
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.legend(fontsize=7, ncol=2 if len(lines) > 8 else 1)
+        save(fig, stem, title)
+    loss, ema, spikes = run.get(mn.TRAIN_LOSS), run.get(mn.LOSS_EMA), run.get(mn.LOSS_SPIKE)
+    if loss is not None or ema is not None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if loss is not None:
+            ax.plot(loss.steps, loss.values, lw=0.8, label=mn.TRAIN_LOSS)
+        if ema is not None:
+            ax.plot(ema.steps, ema.values, lw=1.5, label=mn.LOSS_EMA)
+        if spikes is not None:
+            for st in spikes.steps[spikes.values > 0]:
+                ax.axvline(st, color="red", alpha=0.4)
+        ax.set_xlabel("step")
+        ax.set_title("training loss (red: log steps with spikes)")
+        ax.legend(fontsize=7)
+        save(fig, "loss", "training loss and spikes")
+    perf = {name: run.get(name) for name in (mn.SAMPLES_PER_S, mn.TOKENS_PER_S, mn.MFU)}
+    perf = {k: v for k, v in perf.items() if v is not None}
+    if perf:
+        fig, axes = plt.subplots(1, len(perf), figsize=(4 * len(perf), 3.5), squeeze=False)
+        for ax, (name, s) in zip(axes[0], perf.items()):
+            ax.plot(s.steps, s.values)
+            ax.set_title(name)
+            ax.set_xlabel("step")
+        save(fig, "perf", "throughput")
+    return written
+
+
+def write_html(d: Diagnosis, plots: list[tuple[str, str]], out: Path) -> Path:
+    e = html.escape
+    verdict = (
+        f"<p class='ok'>Clean bill of health: all {len(d.passed)} checks with data passed.</p>"
+        if d.healthy
+        else f"<p class='bad'>{len(d.findings)} finding(s).</p>"
+    )
+    items = []
+    for f in d.findings:
+        blocks = f" (blocks {', '.join(map(str, f.blocks))})" if f.blocks else ""
+        ev = "".join(f"<li><code>{e(x)}</code></li>" for x in f.evidence)
+        items.append(
+            f"<li><b>{e(f.check)}</b>: {e(f.title)}{e(blocks)}<ul>{ev}</ul>"
+            f"<i>What to try:</i> {e(f.advice)}</li>"
+        )
+    figs = "".join(
+        f"<figure><img src='{e(name)}' alt='{e(t)}'><figcaption>{e(t)}</figcaption></figure>"
+        for name, t in plots
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>recformer doctor: {e(d.run_dir)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} .ok{{color:#070}} .bad{{color:#b00}}
+figure{{display:inline-block;margin:.5em}} img{{max-width:640px}} code{{font-size:90%}}</style></head>
+<body><h1>recformer doctor</h1><p>{e(d.run_dir)}: {d.steps} steps; read {e(", ".join(d.sources))}</p>
+{verdict}<ul>{"".join(items)}</ul>
+<p>Passed: {e("; ".join(d.passed) or "none")}</p>
+<p>Skipped (no data): {e("; ".join(d.skipped) or "none")}</p>
+<h2>Metrics</h2>{figs}
+</body></html>
+"""
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="recformer doctor",
+        description="Read a run's internal metrics (health.jsonl, metrics.csv) and name its silent failure. "
+        "Exit status: 0 clean bill of health, 1 findings, 2 no metrics.",
+    )
+    parser.add_argument(
+        "run_dir", type=Path, help="the run directory (trainer.log_dir), e.g. runs/recformer/version_3"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where the plots and index.html go (default RUN_DIR/doctor)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of text")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs and the HTML page")
+    args = parser.parse_args(argv)
+    run_dir: Path = args.run_dir
+    if not run_dir.is_dir():
+        print(
+            f"recformer doctor: {run_dir} is not a directory; pass a run directory (trainer.log_dir)",
+            file=sys.stderr,
+        )
+        return 2
+    run = load_run(run_dir)
+    if not run.series:
+        hint = sorted(p.name for p in run_dir.glob("version_*"))
+        print(
+            f"recformer doctor: no metrics in {run_dir}: expected {HEALTH_FILE} (the health callbacks of "
+            "configs/trainer.yaml) or metrics.csv (CSVLogger)"
+            + (f"; this looks like a logger directory, try one of {hint}" if hint else ""),
+            file=sys.stderr,
+        )
+        return 2
+    d = diagnose(run, run_dir)
+    if not args.no_plots:
+        out = args.out or run_dir / "doctor"
+        out.mkdir(parents=True, exist_ok=True)
+        write_html(d, write_plots(run, out), out)
+    if args.json:
+        print(json.dumps({**asdict(d), "healthy": d.healthy}, indent=2))
+    else:
+        print(report_text(d))
+        if not args.no_plots:
+            print(f"\nplots and report: {out / 'index.html'}")
+    return 0 if d.healthy else 1
