@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow lint bench data clean
+.PHONY: install demo test test-slow lint bench quality clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,10 +18,16 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-# The main job on the shipped data: prepare MovieLens Parquet logs, then summarise them.
+# The main job on the shipped data: prepare MovieLens Parquet logs, train the default ranker,
+# evaluate its best validation checkpoint on the test split.
 demo: install
 	$(BIN)/recformer data movielens --out $(DATA)
 	$(BIN)/recformer data summary $(DATA)
+	$(BIN)/recformer fit --config configs/model/small.yaml --config configs/data/movielens.yaml
+	@run=$$(ls -td runs/recformer/version_* | head -1); \
+	  ckpt=$$(ls $$run/checkpoints/epoch*.ckpt | head -1); \
+	  echo "evaluating $$ckpt"; \
+	  $(BIN)/recformer evaluate --ckpt $$ckpt --data $(DATA) --out $$run/eval-test.json
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: install
@@ -34,8 +40,14 @@ lint: install
 	$(BIN)/ruff check recformer tests bench
 	$(BIN)/ruff format --check recformer tests bench
 
+# Benchmarks (each prints a side-by-side table; see the script headers).
 bench: install
 	$(BIN)/python bench/bench_loader.py
+	$(BIN)/python bench/bench_model.py
+	$(BIN)/python bench/bench_callbacks.py
+
+quality: install
+	$(BIN)/python bench/quality.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

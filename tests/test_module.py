@@ -99,8 +99,7 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     assert r["rows"] == 90 and r["auc_exact"]
     assert r["auc_lo"] <= r["auc"] <= r["auc_hi"]
     assert 0 < r["logloss"] < 2 and r["gauc_groups"] > 0
-    out = tmp_path / "pred.parquet"
-    cli_main(
+    pred_cli = cli_main(
         [
             "predict",
             logger_config(tmp_path / "p"),
@@ -113,10 +112,9 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
             "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={tmp_path}",
             f"--ckpt_path={ckpt}",
-            f"--trainer.callbacks.output={out}",
         ]
     )
-    pred = pq.read_table(out).to_pydict()
+    pred = pq.read_table(Path(pred_cli.trainer.log_dir) / "predictions.parquet").to_pydict()
     assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
     assert all(0 < s < 1 for s in pred["score"])
 

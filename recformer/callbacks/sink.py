@@ -124,9 +124,14 @@ class MetricSink(Callback):
         return [cb for cb in trainer.callbacks if isinstance(cb, MetricSource)]
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit" or not trainer.is_global_zero:
+        if stage != "fit":
             return
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir or ".")
+        # trainer.log_dir broadcasts from rank 0 under DDP: every rank must ask, or the ranks'
+        # collectives fall out of step (it hung the SaveConfigCallback's broadcast).
+        log_dir = trainer.log_dir
+        if not trainer.is_global_zero:
+            return
+        run_dir = Path(log_dir or trainer.default_root_dir or ".")
         self.path = Path(self.filename) if Path(self.filename).is_absolute() else run_dir / self.filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")

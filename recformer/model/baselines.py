@@ -23,6 +23,7 @@ from torch import nn
 from recformer.config import FeatureDims, RankerConfig
 from recformer.data.batch import Batch
 from recformer.model.embedding import FeatureTokenizer
+from recformer.model.init import init_tokens
 from recformer.model.ranker import Ranker
 from recformer.optim import DEFAULT_RULES
 
@@ -81,6 +82,8 @@ class DINRanker(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=cfg.init_std)
                 nn.init.zeros_(m.bias)
+        with torch.no_grad():
+            init_tokens(self.tokens, cfg)  # the Transformer's token init, not PyTorch's N(0, 1) tables
         self.blocks = nn.ModuleList()
 
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
