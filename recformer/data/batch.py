@@ -13,6 +13,7 @@ History is left-padded: the most recent event is always at position ``L - 1``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -69,6 +70,7 @@ class Batch:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@functools.cache
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
