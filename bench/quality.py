@@ -102,15 +102,54 @@ def fit_and_evaluate(arch: str, seed: int, epochs: int, out: Path, extra: list[s
     }
 
 
+def paired_tests(results: list[dict], out: Path, reference: str = "transformer") -> list[dict]:
+    """Paired DeLong test of AUC(reference) - AUC(baseline) on the same test rows, per seed."""
+    rows = []
+    for r in results:
+        if r["arch"] == reference:
+            continue
+        ref = next(x for x in results if x["arch"] == reference and x["seed"] == r["seed"])
+        path = out / f"paired-{reference}-vs-{r['arch']}-seed{r['seed']}.json"
+        run(
+            [
+                sys.executable,
+                "-m",
+                "recformer",
+                "evaluate",
+                "--ckpt",
+                ref["checkpoint"],
+                "--compare",
+                r["checkpoint"],
+                "--data",
+                "data/movielens",
+                "--out",
+                str(path),
+            ]
+        )
+        c = json.loads(path.read_text())["compare"]
+        rows.append({"seed": r["seed"], "baseline": r["arch"], **c})
+        print(
+            f"{reference} - {r['arch']:11s} seed {r['seed']}: AUC diff {c['diff']:+.4f} "
+            f"[{c['lo']:+.4f}, {c['hi']:+.4f}]  p = {c['p_value']:.2g}",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--archs", nargs="+", default=["transformer", "din", "popularity"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality")
+    p.add_argument("--paired-only", action="store_true", help="only the paired tests, on results.json")
     p.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.paired_only:
+        results = json.loads((a.out / "results.json").read_text())
+        (a.out / "paired.json").write_text(json.dumps(paired_tests(results, a.out), indent=2))
+        return
     if not (ROOT / "data" / "movielens" / "spec.yaml").is_file():
         run([sys.executable, "-m", "recformer", "data", "movielens", "--out", "data/movielens"])
     results = []
@@ -135,6 +174,10 @@ def main() -> None:
             f"{arch:12s} {statistics.mean(aucs):9.4f} {sd:7.4f} {half:14.4f} "
             f"{statistics.mean(r['gauc'] for r in rs):10.4f} {statistics.mean(r['logloss'] for r in rs):8.4f}"
         )
+
+    if "transformer" in a.archs and len(a.archs) > 1:
+        print()
+        (a.out / "paired.json").write_text(json.dumps(paired_tests(results, a.out), indent=2))
 
 
 if __name__ == "__main__":

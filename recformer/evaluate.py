@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from recformer.data.datamodule import RecDataModule
 from recformer.data.schema import DataError
-from recformer.metrics import StreamingEvaluator
+from recformer.metrics import StreamingEvaluator, delong_paired
 
 
 def load_module(ckpt: str | Path, device: str = "cpu"):
@@ -42,8 +43,14 @@ def evaluate(
     num_workers: int = 1,
     device: str = "cpu",
     max_rows_in_memory: int = 20_000_000,
+    compare: str | Path | None = None,
 ) -> dict[str, Any]:
+    """Metrics of ``ckpt`` on ``split``; with ``compare``, also the paired DeLong test of
+    AUC(ckpt) - AUC(compare) on the same rows (needs the rows in memory)."""
     module = load_module(ckpt, device)
+    other = load_module(compare, device) if compare is not None else None
+    if other is not None and other.dims != module.dims:
+        raise DataError(f"{compare} was trained on other features than {ckpt}: {other.dims} vs {module.dims}")
     dm = RecDataModule(
         str(data), eval_batch_size=batch_size, num_workers=num_workers, validate="footer", predict_split=split
     )
@@ -54,10 +61,20 @@ def evaluate(
         )
     dm.setup("predict")
     start = time.perf_counter()
+    paired: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     with StreamingEvaluator(max_rows_in_memory=max_rows_in_memory) as ev:
         for batch in dm.predict_dataloader():
             batch = batch.to(device)
             logits = module.net(batch).float()
+            if other is not None:
+                paired.append(
+                    (logits.cpu().numpy(), other.net(batch).float().cpu().numpy(), batch.label.cpu().numpy())
+                )
+                if ev.rows > max_rows_in_memory:
+                    raise ValueError(
+                        f"--compare keeps every score in memory; {split} has more than "
+                        f"--max-rows-in-memory={max_rows_in_memory} rows"
+                    )
             ev.update(
                 logits.cpu().numpy(),
                 batch.label.cpu().numpy(),
@@ -65,6 +82,9 @@ def evaluate(
                 batch.group.cpu().numpy(),
             )
         result = ev.compute().to_dict()
+    if other is not None:
+        a, b, y = (np.concatenate(c) for c in zip(*paired))
+        result["compare"] = {"checkpoint": str(compare), "arch": other.arch, **delong_paired(a, b, y)}
     result.update(
         checkpoint=str(ckpt),
         data=str(data),
@@ -89,6 +109,12 @@ def format_table(r: dict[str, Any]) -> str:
         f"  calibration  {f(r['calibration'])}  (mean prediction / mean label)",
         "  calibration table (bin: mean prediction vs observed):",
     ]
+    if "compare" in r:
+        c = r["compare"]
+        lines.append(
+            f"  AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
+            f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], p = {c['p_value']:.2g} (paired DeLong)"
+        )
     for row in r["calibration_table"]:
         pred, obs, n = row["mean_pred"], row["mean_label"], int(row["rows"])
         lines.append(f"    {int(row['bin']):>3}  {pred:.3f}  {obs:.3f}  ({n} rows)")
@@ -105,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-workers", type=int, default=1)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--max-rows-in-memory", type=int, default=20_000_000)
+    p.add_argument(
+        "--compare", default=None, help="a second checkpoint: paired DeLong test of the AUC difference"
+    )
     a = p.parse_args(argv)
     try:
-        r = evaluate(a.ckpt, a.data, a.split, a.batch_size, a.num_workers, a.device, a.max_rows_in_memory)
+        r = evaluate(
+            a.ckpt, a.data, a.split, a.batch_size, a.num_workers, a.device, a.max_rows_in_memory, a.compare
+        )
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"recformer evaluate: {e}", file=sys.stderr)
         return 2

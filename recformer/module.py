@@ -2,6 +2,7 @@
 
 - One ``_shared_step`` for train / val / test: weighted BCE on logits.
 - AdamW groups from explicit rules (``recformer.optim``), muP LR multipliers from the model.
+- Gradient clipping at ``optim.grad_clip`` and the non-finite guard share one norm pass.
 - Non-finite gradients: the step is skipped on every rank (gradients are set to None, so AdamW
   leaves weights *and* moments untouched), counted in ``health/nonfinite_steps``, and training stops
   with a clear message after ``optim.max_nonfinite_steps`` in a row. Under DDP the gradients are
@@ -96,6 +97,12 @@ class RankerModule(pl.LightningModule):
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        if self._trainer is not None and self.trainer.gradient_clip_val is not None:
+            raise ValueError(
+                f"trainer.gradient_clip_val={self.trainer.gradient_clip_val} is set; recformer clips with "
+                "model.optim.grad_clip (one norm pass shared with the non-finite guard). "
+                "Remove the trainer setting."
+            )
         dm = self.trainer.datamodule if self._trainer is not None else None
         if stage == "fit" and dm is not None and hasattr(dm, "item_tables"):
             # Item content vectors live in the model as buffers, so checkpoints are self-contained.
@@ -153,17 +160,27 @@ class RankerModule(pl.LightningModule):
         return {"keys": batch.keys, "logit": logits_B, "score": torch.sigmoid(logits_B), "label": batch.label}
 
     # -- non-finite guard ----------------------------------------------------------------------
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clipping (``optim.grad_clip``) and the non-finite guard share one gradient-norm pass."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        if not params:
             return
-        norms = torch.stack(torch._foreach_norm(grads))
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
         # GPU sync, once per step, by necessity: deciding to skip the step needs a host-side answer
         # (the same trade GradScaler makes). Gradients are all-reduced already, so ranks agree.
-        finite = bool(torch.isfinite(norms).all())
-        if finite:
-            self._nonfinite_in_a_row = 0
+        if not bool(torch.isfinite(total)):
+            self._skip_nonfinite_step()
             return
+        self._nonfinite_in_a_row = 0
+        if self.optim_cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.optim_cfg.grad_clip, total, foreach=True)
+
+    def _skip_nonfinite_step(self) -> None:
         for p in self.parameters():
             p.grad = None  # AdamW skips parameters without gradients: weights and moments untouched
         self.nonfinite_total += 1

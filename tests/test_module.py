@@ -99,6 +99,8 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     assert r["rows"] == 90 and r["auc_exact"]
     assert r["auc_lo"] <= r["auc"] <= r["auc_hi"]
     assert 0 < r["logloss"] < 2 and r["gauc_groups"] > 0
+    same = evaluate(ckpt, tiny_data, split="test", batch_size=32, num_workers=0, compare=ckpt)["compare"]
+    assert same["auc_a"] == same["auc_b"] == pytest.approx(r["auc"]) and same["diff"] == 0
     pred_cli = cli_main(
         [
             "predict",
@@ -307,3 +309,20 @@ def test_two_process_ddp_fit_through_the_cli(tiny_data, tmp_path):
     rows = read_metrics(runs[0])
     assert any(r.get("val/auc") for r in rows)
     assert (runs[0] / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_gradients_are_clipped_at_optim_grad_clip(tiny_data):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = RankerModule(ranker=TINY, optim=OptimConfig(grad_clip=0.01), dims=dm.feature_dims)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    before = torch.nn.utils.get_total_norm([p.grad for p in m.parameters()])
+    m.configure_gradient_clipping(optimizer=None)
+    after = torch.nn.utils.get_total_norm([p.grad for p in m.parameters()])
+    assert before > 1 and after == pytest.approx(0.01, rel=1e-3)
+
+
+def test_trainer_clipping_setting_is_refused(tiny_data, tmp_path):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    with pytest.raises(ValueError, match="optim.grad_clip"):
+        _trainer(tmp_path, max_steps=1, gradient_clip_val=1.0).fit(_module(dm), dm)
