@@ -326,3 +326,15 @@ def test_trainer_clipping_setting_is_refused(tiny_data, tmp_path):
     dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
     with pytest.raises(ValueError, match="optim.grad_clip"):
         _trainer(tmp_path, max_steps=1, gradient_clip_val=1.0).fit(_module(dm), dm)
+
+
+@pytest.mark.slow
+def test_compiled_module_trains_and_keeps_state_dict_keys(tiny_data, tmp_path):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    pl.seed_everything(0)
+    m = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=1), dims=dm.feature_dims, compile=True)
+    keys = set(m.state_dict())
+    _trainer(tmp_path, max_steps=3).fit(m, dm)
+    assert m.net._compiled_call_impl is not None  # nn.Module.compile() in place
+    assert set(m.state_dict()) == keys  # no `_orig_mod.` prefixes
+    assert all(torch.isfinite(p).all() for p in m.parameters())
