@@ -400,6 +400,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0")
+        self.betas = tuple(self.betas)  # YAML and checkpoints give lists
         b1, b2 = self.betas
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise ValueError(f"betas={self.betas} must both be in [0, 1)")

@@ -23,7 +23,7 @@ from torchmetrics import MetricCollection
 
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.data.batch import Batch
-from recformer.metric_names import NONFINITE_STEPS
+from recformer.metric_names import OOV
 from recformer.metrics import BinnedAUC, Calibration, GroupAUC, LogLoss, NormalizedEntropy
 from recformer.model.baselines import Arch, build_model
 from recformer.optim import build_optimizer, build_scheduler, describe_groups
@@ -36,10 +36,7 @@ Stage = Literal["train", "val", "test"]
 def _as(cls: type, value: Any) -> Any:
     if value is None:
         return cls()
-    if isinstance(value, dict):
-        fixed = {k: tuple(v) if k == "betas" else v for k, v in value.items()}
-        return cls(**fixed)
-    return value
+    return cls(**value) if isinstance(value, dict) else value
 
 
 class RankerModule(pl.LightningModule):
@@ -94,6 +91,7 @@ class RankerModule(pl.LightningModule):
         # Device-side counters: read on log steps only (no sync in the step path).
         self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
         self._nonfinite_in_a_row = 0
+        self._oov: torch.Tensor | None = None
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -147,7 +145,20 @@ class RankerModule(pl.LightningModule):
         return loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        # Unknown ids of this epoch, per id field: summed on the device, read once at epoch end.
+        self._oov = batch.oov if self._oov is None else self._oov + batch.oov
         return self._shared_step(batch, "train")
+
+    def on_train_epoch_end(self) -> None:
+        dm = self.trainer.datamodule
+        if self._oov is None or dm is None or not hasattr(dm, "oov_fields"):
+            return
+        counts = self._oov.float()
+        if self.trainer.world_size > 1:  # once per epoch, every rank: sum the ranks' counts
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        for name, value in zip(dm.oov_fields, counts):
+            self.log(OOV.format(field=name), value, on_step=False, on_epoch=True, sync_dist=False)
+        self._oov = None
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._shared_step(batch, "val")
@@ -185,7 +196,7 @@ class RankerModule(pl.LightningModule):
             p.grad = None  # AdamW skips parameters without gradients: weights and moments untouched
         self.nonfinite_total += 1
         self._nonfinite_in_a_row += 1
-        self.log(NONFINITE_STEPS, self.nonfinite_total.float(), on_step=True, on_epoch=False)
+        # Reported on log steps by the LossSpikes callback (health/nonfinite_steps), from this buffer.
         log.warning(
             "step %d: non-finite gradients, step skipped (%d in a row)",
             self.global_step,
@@ -211,7 +222,8 @@ class RankerModule(pl.LightningModule):
             rules=getattr(self.net, "optimizer_rules", None),
         )
         for line in describe_groups(optimizer.param_groups):
-            log.info("optimizer group: %s", line)
-        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+            log.info(line)
+        # May be inf (no max_steps / max_epochs): build_scheduler says what to set unless constant.
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
         scheduler = build_scheduler(optimizer, self.optim_cfg, total_steps=max(1, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -156,3 +156,16 @@ def test_item_tables_follow_the_side_table(tiny_data):
     assert torch.all(content[0] == 0) and feats[0, 0] == 0  # OOV row
     assert content[1 + 7].tolist() == pytest.approx(side["content"][7], abs=1e-3)
     assert feats[1 + 7, 0] == side["cluster"][7] + 1
+
+
+def test_batch_to_widens_the_compact_id_fields(tiny_data):
+    from recformer.data.batch import ID_FIELDS
+
+    dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer")
+    raw = next(iter(dm.train_dataloader()))
+    assert raw.hist_gap.dtype == torch.uint8  # shipped compact
+    moved = raw.to("cpu")
+    for name in ID_FIELDS:
+        assert getattr(moved, name).dtype == torch.long, name
+        assert torch.equal(getattr(moved, name), getattr(raw, name).long()), name
+    assert moved.label.dtype == torch.float32 and moved.hist_mask.dtype == torch.bool

@@ -74,6 +74,7 @@ def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
         assert any(r.get(key) for r in rows), key
     assert 0.0 <= float(val[-1]["val/auc"]) <= 1.0
     assert any(r.get("train/loss") for r in rows)
+    assert [float(r["data/oov/item_id"]) for r in rows if r.get("data/oov/item_id")] == [0.0, 0.0]
     # The model was sized from the data's spec (linked), not from YAML.
     assert cli.model.dims == cli.datamodule.feature_dims
     assert (run / "config.yaml").is_file()

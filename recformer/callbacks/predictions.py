@@ -20,10 +20,16 @@ class ParquetPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output = output
         self._writer: pq.ParquetWriter | None = None
+        self._log_dir: str | None = None
         self.path: Path | None = None
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # trainer.log_dir broadcasts under DDP: every rank asks here, even one with no batches.
+        if stage == "predict":
+            self._log_dir = trainer.log_dir
+
     def _open(self, trainer: Any, schema: pa.Schema) -> None:
-        base = Path(self.output) if self.output else Path(trainer.log_dir or ".") / "predictions.parquet"
+        base = Path(self.output) if self.output else Path(self._log_dir or ".") / "predictions.parquet"
         if trainer.world_size > 1:
             base = base.with_name(f"{base.stem}-rank{trainer.global_rank}{base.suffix}")
         base.parent.mkdir(parents=True, exist_ok=True)

@@ -58,8 +58,15 @@ class Batch:
         return self.label.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Moves every tensor and widens the id fields to int64 on the way: the loader ships them
+        compact (int32 / int16 / uint8), and ``row + offset`` in a narrow dtype would wrap."""
         return Batch(
-            **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)}
+            **{
+                f.name: getattr(self, f.name).to(
+                    device, dtype=torch.long if f.name in ID_FIELDS else None, non_blocking=non_blocking
+                )
+                for f in fields(self)
+            }
         )
 
     def pin_memory(self) -> Batch:

@@ -14,6 +14,7 @@ link it into the model (``link_arguments("data.feature_dims", "model.dims", appl
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -198,8 +199,9 @@ class RecDataModule(pl.LightningDataModule):
             )
         return content, feats
 
-    @property
+    @functools.cached_property
     def oov_fields(self) -> list[str]:
+        """Id fields whose unknown ids are counted, in ``Batch.oov`` order."""
         return Decoder(self.spec).oov_fields()
 
     # -- set-up --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recformer.config import FeatureDims, RankerConfig
-from recformer.data.batch import Batch
+from recformer.data.batch import ID_FIELDS, Batch
 
 
 class FeatureTokenizer(nn.Module):
@@ -157,7 +157,15 @@ class FeatureTokenizer(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------
     def check_batch(self, batch: Batch) -> None:
-        """Shape checks only (static under compile: no sync, no graph break)."""
+        """Shape and dtype checks only (static under compile: no sync, no graph break)."""
+        for name in ID_FIELDS:
+            # Rows are offset into one concatenated table; a narrow dtype (as the loader ships them)
+            # would wrap silently. ``Batch.to(device)`` widens them.
+            if getattr(batch, name).dtype != torch.long:
+                raise ValueError(
+                    f"Batch.{name} is {getattr(batch, name).dtype}; the model needs int64 rows: "
+                    "move batches with Batch.to(device), which widens the id fields"
+                )
         d = self.dims
         expected = {
             "cat": (batch.cat.shape[1], self.n_cat, "len(cat_rows)"),
