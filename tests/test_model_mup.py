@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recformer.config import RankerConfig
+from recformer.config import OptimConfig, RankerConfig
 from recformer.model import Ranker
 from recformer.model.attention import attention_scale
-from recformer.model.mup import coord_check, mup_lr_scale
+from recformer.model.mup import coord_check
+from recformer.optim import build_param_groups
 from tests._model_batches import random_batch, random_item_tables, tiny_dims
 
 WIDTHS = [64, 128, 256, 512]
@@ -67,8 +68,11 @@ def test_attention_scale_and_lr_multipliers() -> None:
     mup = RankerConfig(d_model=256, n_heads=4, base_d_model=64, mup=True, init="mup")
     sp = RankerConfig(d_model=256, n_heads=4)
     assert attention_scale(mup) == pytest.approx(1 / 64) and attention_scale(sp) == pytest.approx(1 / 8)
-    assert mup_lr_scale("hidden", mup) == pytest.approx(0.25)
-    assert [mup_lr_scale(k, mup) for k in ("embedding", "vector", "readout")] == [1.0, 1.0, 1.0]
-    assert mup_lr_scale("hidden", sp) == 1.0
-    with pytest.raises(ValueError, match="unknown parameter kind 'matrix'"):
-        mup_lr_scale("matrix", mup)
+    for cfg, hidden_mult in ((mup, 0.25), (sp, 1.0)):
+        model = Ranker(cfg, tiny_dims())
+        groups = {
+            g["name"]: g["lr_mult"]
+            for g in build_param_groups(model, model.param_kinds(), OptimConfig(), cfg.width_mult, cfg.mup)
+        }
+        assert groups["hidden"] == pytest.approx(hidden_mult)
+        assert [groups[k] for k in ("embedding", "vector", "readout")] == [1.0, 1.0, 1.0]

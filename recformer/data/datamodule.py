@@ -243,10 +243,12 @@ class RecDataModule(pl.LightningDataModule):
         return SplitIndex.from_paths(split, files)
 
     def check_values(self, index: SplitIndex) -> dict[str, int]:
-        """Decode every row group once (the same checks as training reads); return OOV counts."""
+        """Decode every row group once (the same checks as training reads); return OOV counts.
+        Under DDP each rank checks every world-th row group, so the data is decoded once in all."""
         stream = ParquetStream(index, self.spec, batch_size=1, train=False, shuffle=False)
         totals = np.zeros(len(self.oov_fields), dtype=np.int64)
-        for g in index.groups:
+        rank, world = self._rank_world()
+        for g in index.groups[rank::world]:
             totals += stream._group(g).oov.sum(axis=0, dtype=np.int64)
         return dict(zip(self.oov_fields, totals.tolist()))
 
@@ -305,14 +307,6 @@ class RecDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream(self.predict_split, train=False))
-
-    def describe(self) -> str:
-        lines = []
-        for name, idx in self.splits.items():
-            lines.append(
-                f"{name}: {idx.num_rows} rows in {len(idx.files)} file(s), {len(idx.groups)} row groups"
-            )
-        return "\n".join(lines)
 
 
 def _as_is(item: Any) -> Any:

@@ -2,9 +2,10 @@
 
 Two layers, both reporting the file, the column (and row group) and what was expected:
 - ``check_schema``: each file's Arrow schema against the spec (types, presence), from the footer only.
-- ``ContentChecker``: values that a footer cannot prove (label range and nulls, negative ids, NaN/Inf,
-  aligned list lengths, embedding sizes). The decoder runs the same checks on every record batch it
-  reads, so ``validate="footer"`` only moves the error from set-up to the batch that holds the value.
+- the value checks (``check_label``, ``check_finite``, ``check_nonneg_ids``, ``numeric``,
+  ``list_offsets``): what a footer cannot prove (label range and nulls, negative ids, NaN/Inf, aligned
+  list lengths, embedding sizes). The decoder runs them on every row group it reads, so
+  ``validate="footer"`` only moves the error from set-up to the batch that holds the value.
 """
 
 from __future__ import annotations
@@ -125,11 +126,6 @@ def list_offsets(arr: pa.Array, where: Where, col: str) -> np.ndarray:
         n = arr.type.list_size
         return (np.arange(len(arr) + 1, dtype=np.int64) + arr.offset) * n
     return np.asarray(arr.offsets, dtype=np.int64)
-
-
-def list_values(arr: pa.Array) -> pa.Array:
-    """The child array that ``list_offsets`` indexes (not sliced to the parent's window)."""
-    return arr.values
 
 
 def numeric(arr: pa.Array, where: Where, col: str, dtype: type = np.float64) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""muP helpers: the per-kind Adam LR multiplier and the coordinate check (Yang et al. 2022).
+"""muP coordinate check (Yang et al. 2022), with the optimizer groups training uses.
 
 Shape legend: ``L`` number of blocks, ``W`` number of widths, ``S`` steps.
 
@@ -16,20 +16,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from recformer.config import RankerConfig
+from recformer.config import OptimConfig
 from recformer.data.batch import Batch
 from recformer.model.ranker import Ranker
-
-
-def mup_lr_scale(kind: str, cfg: RankerConfig) -> float:
-    """Adam LR multiplier of a parameter of ``kind`` (from ``Ranker.param_kinds``).
-
-    Under muP only hidden matrices get LR / m; embeddings, vectors and the readout keep the base LR
-    (the readout's 1/m sits on its input instead). Without muP every multiplier is 1.
-    """
-    if kind not in ("hidden", "embedding", "vector", "readout"):
-        raise ValueError(f"unknown parameter kind {kind!r}; expected hidden, embedding, vector or readout")
-    return 1.0 / cfg.width_mult if cfg.mup and kind == "hidden" else 1.0
+from recformer.optim import build_param_groups
 
 
 def coord_check(
@@ -54,12 +44,15 @@ def coord_check(
         torch.manual_seed(seed)
         model = make_model(width)
         model.train()
-        kinds = model.param_kinds()
-        params = dict(model.named_parameters())
-        groups: dict[float, list[torch.Tensor]] = {}
-        for name, kind in kinds.items():
-            groups.setdefault(lr * mup_lr_scale(kind, model.cfg), []).append(params[name])
-        opt = torch.optim.Adam([{"params": ps, "lr": g_lr} for g_lr, ps in groups.items()])
+        # The training code's own groups (muP: hidden LR / m), without weight decay: Adam.
+        groups = build_param_groups(
+            model,
+            model.param_kinds(),
+            OptimConfig(lr=lr, weight_decay=0.0),
+            model.cfg.width_mult,
+            model.cfg.mup,
+        )
+        opt = torch.optim.Adam([{"params": g["params"], "lr": g["lr"]} for g in groups])
         rows = []
         for _ in range(steps):
             logits_B = model(batch)
