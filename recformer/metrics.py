@@ -146,24 +146,33 @@ class BinnedAUC(Metric):
         return torch.where(self.n_nan > 0, torch.full_like(auc, math.nan), auc).float()
 
 
-class LogLoss(Metric):
-    """Weighted mean binary cross-entropy from logits (numerically stable), summed states."""
+class _WeightedSums(Metric):
+    """The four weighted sums LogLoss, NormalizedEntropy and Calibration are computed from. Sharing
+    the states (and ``update``) lets ``MetricCollection``'s compute groups run one update per
+    step for all three instead of three BCE passes."""
 
     is_differentiable = False
-    higher_is_better = False
     full_state_update = False
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("loss_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("weight_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        for name in ("loss_sum", "label_sum", "pred_sum", "weight_sum"):
+            self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(
         self, preds_logits_B: torch.Tensor, target_B: torch.Tensor, weight_B: torch.Tensor | None = None
     ) -> None:
-        x_B, y_B, w_B = _flat_inputs(preds_logits_B, target_B, weight_B, "LogLoss")
+        x_B, y_B, w_B = _flat_inputs(preds_logits_B, target_B, weight_B, type(self).__name__)
         self.loss_sum += (w_B * F.binary_cross_entropy_with_logits(x_B, y_B, reduction="none")).sum()
+        self.label_sum += (w_B * y_B).sum()
+        self.pred_sum += (w_B * torch.sigmoid(x_B)).sum()
         self.weight_sum += w_B.sum()
+
+
+class LogLoss(_WeightedSums):
+    """Weighted mean binary cross-entropy from logits (numerically stable), summed states."""
+
+    higher_is_better = False
 
     def compute(self) -> torch.Tensor:
         return (self.loss_sum / self.weight_sum).float()
@@ -174,28 +183,12 @@ def _binary_entropy(p: torch.Tensor) -> torch.Tensor:
     return -(torch.special.xlogy(p, p) + torch.special.xlogy(1 - p, 1 - p))
 
 
-class NormalizedEntropy(Metric):
+class NormalizedEntropy(_WeightedSums):
     """Normalized entropy (He et al. 2014, "Practical Lessons from Predicting Clicks on Ads"):
     weighted logloss divided by the entropy of the weighted base rate of the same data. Below 1 =
     better than predicting the base rate. NaN when the data hold only one label value."""
 
-    is_differentiable = False
     higher_is_better = False
-    full_state_update = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("loss_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("label_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("weight_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(
-        self, preds_logits_B: torch.Tensor, target_B: torch.Tensor, weight_B: torch.Tensor | None = None
-    ) -> None:
-        x_B, y_B, w_B = _flat_inputs(preds_logits_B, target_B, weight_B, "NormalizedEntropy")
-        self.loss_sum += (w_B * F.binary_cross_entropy_with_logits(x_B, y_B, reduction="none")).sum()
-        self.label_sum += (w_B * y_B).sum()
-        self.weight_sum += w_B.sum()
 
     def compute(self) -> torch.Tensor:
         h = _binary_entropy(self.label_sum / self.weight_sum)
@@ -203,24 +196,10 @@ class NormalizedEntropy(Metric):
         return torch.where(h > 0, ne, torch.full_like(ne, math.nan)).float()
 
 
-class Calibration(Metric):
+class Calibration(_WeightedSums):
     """Weighted mean predicted probability over weighted mean label (1 = calibrated on average)."""
 
-    is_differentiable = False
     higher_is_better = None
-    full_state_update = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("pred_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("label_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(
-        self, preds_logits_B: torch.Tensor, target_B: torch.Tensor, weight_B: torch.Tensor | None = None
-    ) -> None:
-        x_B, y_B, w_B = _flat_inputs(preds_logits_B, target_B, weight_B, "Calibration")
-        self.pred_sum += (w_B * torch.sigmoid(x_B)).sum()
-        self.label_sum += (w_B * y_B).sum()
 
     def compute(self) -> torch.Tensor:
         return (self.pred_sum / self.label_sum).float()

@@ -30,7 +30,7 @@ from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan
 from recformer.data.decode import Decoder, load_item_tables
 from recformer.data.schema import DataError, Where, check_schema
-from recformer.data.shards import SplitIndex, list_split_files, read_footer
+from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +232,7 @@ class RecDataModule(pl.LightningDataModule):
                     )
 
     def has_split(self, split: str) -> bool:
-        return (
-            any((self.data_dir / split).glob("*.parquet")) or (self.data_dir / f"{split}.parquet").is_file()
-        )
+        return bool(find_split_files(self.data_dir, split))
 
     def index_split(self, split: str) -> SplitIndex:
         files = list_split_files(self.data_dir, split)

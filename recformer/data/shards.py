@@ -81,14 +81,21 @@ def read_footer(path: str) -> pq.FileMetaData:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 
 
-def list_split_files(root: str | Path, split: str) -> list[Path]:
-    """``root/split/*.parquet`` (or ``root/split.parquet``), sorted; an error if there are none."""
+def find_split_files(root: str | Path, split: str) -> list[Path]:
+    """``root/split/*.parquet`` (or ``root/split.parquet``), sorted; [] if there are none."""
     root = Path(root)
     d = root / split
     files = sorted(d.glob("*.parquet")) if d.is_dir() else []
     if not files and (root / f"{split}.parquet").is_file():
         files = [root / f"{split}.parquet"]
+    return files
+
+
+def list_split_files(root: str | Path, split: str) -> list[Path]:
+    """``find_split_files``, or an error naming where the files were expected."""
+    files = find_split_files(root, split)
     if not files:
+        d = Path(root) / split
         raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")
     return files
 
