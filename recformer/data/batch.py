@@ -82,6 +82,11 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
 @dataclass
 class PackedBatch:
     """A Batch in one contiguous byte buffer, for the trip from a DataLoader worker.
@@ -99,13 +104,27 @@ class PackedBatch:
     """(field, dtype, shape, byte offset) per Batch field; offsets are 8-byte aligned."""
 
     @staticmethod
-    def empty(specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> PackedBatch:
-        """An uninitialised buffer for fields (name, dtype, shape)."""
+    @functools.lru_cache(maxsize=16)
+    def plan(specs: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]) -> tuple[tuple, int]:
+        """The layout of fields (name, dtype, shape) and the buffer bytes it needs."""
         layout, offset = [], 0
         for name, dtype, shape in specs:
             layout.append((name, dtype, tuple(shape), offset))
             offset += -(-math.prod(shape) * _element_size(dtype) // 8) * 8
-        return PackedBatch(np.empty(offset, dtype=np.uint8), tuple(layout))
+        return tuple(layout), offset
+
+    @staticmethod
+    def empty(
+        specs: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...], buffer: np.ndarray | None = None
+    ) -> PackedBatch:
+        """An uninitialised batch for fields (name, dtype, shape), in a fresh buffer or at the
+        start of ``buffer`` (uint8, at least ``plan(specs)[1]`` bytes)."""
+        layout, nbytes = PackedBatch.plan(specs)
+        if buffer is None:
+            return PackedBatch(np.empty(nbytes, dtype=np.uint8), layout)
+        if buffer.nbytes < nbytes:
+            raise ValueError(f"a batch needs {nbytes} bytes; the buffer has {buffer.nbytes}")
+        return PackedBatch(buffer[:nbytes], layout)
 
     def views(self) -> dict[str, torch.Tensor]:
         buf = torch.from_numpy(self.buffer) if isinstance(self.buffer, np.ndarray) else self.buffer
@@ -113,6 +132,15 @@ class PackedBatch:
         for name, dtype, shape, offset in self.layout:
             n = math.prod(shape) * _element_size(dtype)
             out[name] = buf[offset : offset + n].view(dtype).view(shape)
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """numpy views of the fields of a batch still in a numpy buffer (for filling it in)."""
+        out = {}
+        for name, dtype, shape, offset in self.layout:
+            np_dtype = _numpy_dtype(dtype)
+            out[name] = self.buffer[offset : offset + math.prod(shape) * np_dtype.itemsize].view(np_dtype)
+            out[name].shape = shape
         return out
 
     def unpack(self) -> Batch:

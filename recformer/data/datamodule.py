@@ -29,6 +29,7 @@ from recformer.config import FeatureDims, FeatureSpec
 from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan
 from recformer.data.decode import Decoder, load_item_tables
+from recformer.data.ring import SlotBatch, SlotRing
 from recformer.data.schema import DataError, Where, check_schema
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
 
@@ -88,9 +89,31 @@ class RecDataLoader(DataLoader):
             num_workers=max(1, self.num_workers),
         )
         self._yielded = skip
-        for batch in super().__iter__():
-            self._yielded += 1
-            yield batch.unpack() if isinstance(batch, PackedBatch) else batch
+        ring = self._ring()
+        self.stream.ring = ring
+        try:
+            for batch in super().__iter__():
+                self._yielded += 1
+                if isinstance(batch, SlotBatch):
+                    batch = batch.take()
+                yield batch.unpack() if isinstance(batch, PackedBatch) else batch
+        finally:
+            self.stream.ring = None
+            if ring is not None:
+                ring.close()
+
+    def _ring(self) -> SlotRing | None:
+        """Shared batch slots for this epoch's workers, when they are forked (see ``ring``)."""
+        if self.num_workers == 0:
+            return None
+        ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
+        if ctx.get_start_method() != "fork":
+            return None
+        self.stream.warm_up()
+        # prefetch_factor batches per worker can be in flight; two more keep the worker busy
+        # while the training process copies one out.
+        slots = (self.prefetch_factor or 2) + 2
+        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes())
 
     def _fingerprint(self) -> dict[str, int]:
         s = self.stream
@@ -247,7 +270,7 @@ class RecDataModule(pl.LightningDataModule):
         totals = np.zeros(len(self.oov_fields), dtype=np.int64)
         rank, world = self._rank_world()
         for g in index.groups[rank::world]:
-            totals += stream._group(g).oov.sum(axis=0, dtype=np.int64)
+            totals += stream._group(g).oov_totals()
         return dict(zip(self.oov_fields, totals.tolist()))
 
     # -- loaders -------------------------------------------------------------------------------

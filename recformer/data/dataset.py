@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from recformer.config import FeatureSpec
-from recformer.data.decode import Decoded, Decoder
+from recformer.data.decode import Decoded, Decoder, Scratch
+from recformer.data.ring import SlotBatch, SlotRing
 from recformer.data.schema import DataError, Where
 from recformer.data.shards import (
     Piece,
@@ -58,6 +59,8 @@ class ParquetStream(IterableDataset):
     """Rows decoded and shuffled together (rounded up to a multiple of batch_size)."""
     drop_last: bool = False
     plan: StreamPlan = field(default_factory=StreamPlan)
+    ring: SlotRing | None = field(default=None, repr=False)
+    """Shared slots the (forked) workers write batches into; set per epoch by RecDataLoader."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -67,6 +70,7 @@ class ParquetStream(IterableDataset):
         self._decoder: Decoder | None = None
         self._files: dict[int, pq.ParquetFile] = {}
         self._cached: tuple[RowGroup, Decoded] | None = None
+        self._scratch = Scratch()
 
     # -- sizes ---------------------------------------------------------------------------------
     def rank_rows(self) -> tuple[int, int]:
@@ -97,10 +101,25 @@ class ParquetStream(IterableDataset):
         if wid >= len(order):
             return
         logical = order[wid]
-        # In a worker process, each batch travels as one shared-memory buffer (see PackedBatch).
-        yield from self._iter_block(logical, nw, skip=taken[logical], packed=info is not None)
+        batches = self._iter_block(logical, nw, skip=taken[logical])
+        if info is None:
+            for data, idx in batches:
+                yield data.gather(idx)
+        elif self.ring is None:  # a worker without a ring: each batch is one buffer, pickled
+            for data, idx in batches:
+                yield data.gather(idx, packed=True)
+        else:  # a forked worker: each batch is written into a shared slot (see ring.py)
+            for data, idx in batches:
+                slot, buffer = self.ring.acquire(wid)
+                out = data.gather(idx, packed=True, buffer=buffer)
+                yield SlotBatch(self.ring.id, wid, slot, out.layout, out.buffer.nbytes)
 
-    def _iter_block(self, logical: int, nw: int, skip: int, packed: bool):
+    def batch_bytes(self) -> int:
+        """Bytes of the largest batch this stream yields (``PackedBatch``)."""
+        return Decoder(self.spec).layout.nbytes(self.batch_size)
+
+    def _iter_block(self, logical: int, nw: int, skip: int):
+        """(window, row indices) per batch of one logical worker block."""
         B = self.batch_size
         lo, hi = self.rank_rows()
         b0, b1 = worker_batches(len(self), logical, nw)
@@ -122,11 +141,25 @@ class ParquetStream(IterableDataset):
                 if self.drop_last and self.train and k + B > len(data):
                     break
                 idx = slice(k, min(k + B, len(data))) if perm is None else perm[k : k + B]
-                yield data.gather(idx, packed)
+                yield data, idx
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, pieces: list[Piece]) -> Decoded:
-        return Decoded.concat([self._group(p.group).slice(p.start, p.stop) for p in pieces])
+        return Decoded.concat([self._group(p.group).slice(p.start, p.stop) for p in pieces], self._scratch)
+
+    def warm_up(self) -> None:
+        """Decode and gather a few rows of the first file in this process, so the padding kernel
+        is compiled (or loaded from numba's cache, ~0.3 s) here once and inherited by forked
+        workers, instead of each worker paying for it every epoch."""
+        if not self.index.files:
+            return
+        path = self.index.files[0]
+        try:
+            first = next(pq.ParquetFile(path).iter_batches(batch_size=8, columns=self.spec.columns()), None)
+        except (OSError, ValueError):
+            return  # the workers raise the error with its context
+        if first is not None and first.num_rows:
+            Decoder(self.spec).decode(first, Where(path, 0)).gather(np.arange(first.num_rows), packed=True)
 
     def _group(self, g: RowGroup) -> Decoded:
         if self._cached is not None and self._cached[0] == g:
@@ -149,5 +182,5 @@ class ParquetStream(IterableDataset):
     def __getstate__(self):
         # Open files and decoded caches stay in the process that made them.
         state = self.__dict__.copy()
-        state.update(_files={}, _cached=None, _decoder=None)
+        state.update(_files={}, _cached=None, _decoder=None, _scratch=Scratch(), ring=None)
         return state

@@ -1,15 +1,19 @@
 """Vectorised decoding of Arrow record batches into fixed-shape arrays, then ``Batch`` tensors.
 
-A window of rows (one or more row groups) is decoded once into numpy arrays (``Decoded``): ids mapped
-to table rows, histories truncated to the most recent ``max_len`` events and left-padded, dense
-features normalised, values checked. Batches are then cut from the window by fancy indexing with a
-(shuffled) row order, which is cheap next to the Parquet decode. No per-row Python anywhere.
+A window of rows (one or more row groups) is decoded once (``Decoded``): per-row fields into numpy
+arrays (ids mapped to table rows, dense features normalised), every value checked, and the history
+list columns left ragged as zero-copy views of the Arrow buffers. Batches are then cut from the
+window with a (shuffled) row order: per-row fields by ``np.take``, the history by compiled kernels
+(``kernels``) that truncate to the newest ``max_len`` events, left-pad, map ids and bucket time gaps
+while writing each value once into the batch buffer. No per-row Python anywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from recformer.config import CategoricalField, FeatureSpec
+from recformer.data import kernels
 from recformer.data.batch import Batch, PackedBatch
 from recformer.data.schema import (
     DataError,
@@ -35,61 +40,219 @@ _GAP_UNIT_S = 60.0
 
 
 @dataclass
-class Decoded:
-    """A decoded window; every array has the window's rows as its first axis."""
+class History:
+    """A window's history, still ragged as the Arrow list columns hold it: row ``i``'s events are
+    positions ``off[i]:off[i + 1]`` of every value array (aligned lists share offsets). Values are
+    raw ids (checked >= 0; vocabulary strings already mapped to ids) and gaps in seconds (checked
+    finite, >= 0); ``kernels.pad_history`` maps and pads them per batch. Slicing rows shares the
+    value arrays, which are usually zero-copy views of the Arrow buffers."""
 
-    label: np.ndarray  # float32 [S]
-    weight: np.ndarray  # float32 [S]
-    group: np.ndarray  # int64 [S]
-    target_item: np.ndarray  # int32 [S]
-    cat: np.ndarray  # int32 [S, F]
-    dense: np.ndarray  # float32 [S, Dn]
-    emb: np.ndarray  # float32 [S, E]
-    hist_item: np.ndarray  # int32 [S, L]
-    hist_cat: np.ndarray  # int16 (int32 for vocabularies >= 2**15) [S, L, C]
-    hist_gap: np.ndarray  # uint8 [S, L]
-    hist_mask: np.ndarray  # bool [S, L]
-    keys: np.ndarray  # int64 [S, K]
-    oov: np.ndarray  # int32 [S, n_id_fields]: unknown ids per row and id field
+    off: np.ndarray  # int64 [S + 1]
+    items: np.ndarray  # [N] item ids, integer dtype as stored
+    cats: np.ndarray  # [C, N] event-categorical ids (field-major), clipped at their vocab size (= OOV)
+    gaps: np.ndarray  # [N] seconds, or [0] without a time-gap column
 
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def slice(self, lo: int, hi: int) -> Decoded:
-        return Decoded(**{f.name: getattr(self, f.name)[lo:hi] for f in fields(self)})
+    def slice(self, lo: int, hi: int) -> History:
+        return History(self.off[lo : hi + 1], self.items, self.cats, self.gaps)
 
     @staticmethod
-    def concat(parts: list[Decoded]) -> Decoded:
+    def concat(parts: list[History], scratch: Scratch) -> History:
+        def cat(name: str) -> np.ndarray:  # events are the last axis of every value array
+            arrays = [getattr(p, name) for p in parts]
+            if not arrays[0].size:  # no gap column / no event categoricals
+                return arrays[0]
+            return scratch.concat(
+                name, [a[..., p.off[0] : p.off[-1]] for a, p in zip(arrays, parts)], axis=-1
+            )
+
+        lens = [np.diff(p.off) for p in parts]
+        off = scratch.get("off", (sum(map(len, lens)) + 1,), np.int64)
+        off[0] = 0
+        np.cumsum(np.concatenate(lens), out=off[1:])
+        return History(off, cat("items"), cat("cats"), cat("gaps"))
+
+
+class Scratch:
+    """Grow-only arrays reused from window to window (one set per reading process).
+
+    A window that spans row groups is concatenated into these instead of into fresh arrays: a
+    fresh multi-MB numpy array is new pages from the kernel, one page fault per 4 KiB, on every
+    window; measured on the dev machine that made the concatenation 4x slower than the copy.
+    Whatever a window built here is overwritten by the next window's."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.dtype != dtype or buf.size < size:
+            buf = self._bufs[name] = np.empty(size + size // 4, dtype)
+        return buf[:size].reshape(shape)
+
+    def concat(self, name: str, arrays: list[np.ndarray], axis: int = 0) -> np.ndarray:
+        axis %= arrays[0].ndim
+        shape = list(arrays[0].shape)
+        shape[axis] = sum(a.shape[axis] for a in arrays)
+        out = self.get(name, tuple(shape), np.result_type(*arrays))
+        return np.concatenate(arrays, axis=axis, out=out)
+
+
+# Row-wise fields of a window, in Batch order; the history is ``Decoded.hist``.
+_ROW_FIELDS = ("label", "weight", "group", "target_item", "cat", "dense", "emb", "keys")
+
+
+@functools.lru_cache(maxsize=16)
+def _record_copy_plan(layout: BatchLayout, batch_layout: tuple) -> tuple[np.ndarray, ...]:
+    """For ``kernels.gather_rows``: per per-row field, its offset in the row record, its offset
+    in a batch buffer (``PackedBatch.layout``) and its size per row, all in 4-byte words."""
+    dst = {name: offset for name, _, _, offset in batch_layout}
+    record = layout.record.items()
+    plan = [
+        (off // 4, dst[name] // 4, math.prod(shape) * dt.itemsize // 4) for name, (off, dt, shape) in record
+    ]
+    return tuple(np.array(column, np.int64) for column in zip(*plan))
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The shape of every batch of a spec, and what the padding kernel needs to know."""
+
+    n_cat: int
+    n_dense: int
+    emb_dim: int
+    n_keys: int
+    max_len: int
+    item_limit: int
+    cat_limits: tuple[int, ...]
+    """Vocab size of each event categorical."""
+    cat_dtype: type
+    gap_buckets: int
+    """0 when the spec has no time-gap column."""
+    has_history: bool
+
+    @property
+    def n_oov(self) -> int:
+        return 1 + self.n_cat + (1 + len(self.cat_limits) if self.has_history else 0)
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of layouts per process)
+    def fields(self, n: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
+        """(name, dtype, shape) of every field of an ``n``-row batch, in Batch order."""
+        L, C = self.max_len, len(self.cat_limits)
+        return (
+            ("label", torch.float32, (n,)),
+            ("weight", torch.float32, (n,)),
+            ("group", torch.int64, (n,)),
+            ("target_item", torch.int32, (n,)),
+            ("cat", torch.int32, (n, self.n_cat)),
+            ("dense", torch.float32, (n, self.n_dense)),
+            ("emb", torch.float32, (n, self.emb_dim)),
+            ("keys", torch.int64, (n, self.n_keys)),
+            ("hist_item", torch.int32, (n, L)),
+            ("hist_cat", torch.int16 if self.cat_dtype == np.int16 else torch.int32, (n, L, C)),
+            ("hist_gap", torch.uint8, (n, L)),
+            ("hist_mask", torch.bool, (n, L)),
+            ("oov", torch.int64, (self.n_oov,)),
+        )
+
+    def nbytes(self, n: int) -> int:
+        """Bytes of an ``n``-row PackedBatch."""
+        return PackedBatch.plan(self.fields(n))[1]
+
+    @functools.cached_property
+    def record(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
+        """Where each per-row field sits in a window's row record (``Decoded.rows``): byte
+        offset, numpy dtype and per-row shape, in ``_ROW_FIELDS`` order."""
+        out, offset = {}, 0
+        for name, dtype, shape in self.fields(1)[: len(_ROW_FIELDS)]:
+            np_dtype = np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
+            out[name] = (offset, np_dtype, shape[1:])
+            offset += math.prod(shape[1:]) * np_dtype.itemsize
+        return out
+
+    @property
+    def record_bytes(self) -> int:
+        offset, dtype, shape = list(self.record.values())[-1]
+        return offset + math.prod(shape) * dtype.itemsize
+
+
+@dataclass
+class Decoded:
+    """A decoded window: the per-row fields packed in one row record per row (``rows``), and the
+    history still ragged. Batches are cut from it by ``gather``, which copies each batch row's
+    record into the batch's field columns and pads the history rows straight into the batch
+    buffer (``kernels``). One record per row, rather than a column per field, makes a shuffled
+    batch cost one or two cache misses per row instead of one per field."""
+
+    rows: np.ndarray
+    """uint8 [S, layout.record_bytes]: label, weight, group, target_item, cat, dense, emb, keys."""
+    oov: np.ndarray  # int32 [S, 1 + F]: unknown target / context ids per row
+    hist: History | None
+    """None when the spec has no sequence."""
+    layout: BatchLayout
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def field(self, name: str) -> np.ndarray:
+        """A per-row field as a (strided) view into ``rows``: [S, *shape]."""
+        offset, dtype, shape = self.layout.record[name]
+        width = math.prod(shape) * dtype.itemsize
+        return self.rows[:, offset : offset + width].view(dtype).reshape(len(self), *shape)
+
+    def slice(self, lo: int, hi: int) -> Decoded:
+        hist = self.hist.slice(lo, hi) if self.hist else None
+        return Decoded(self.rows[lo:hi], self.oov[lo:hi], hist, self.layout)
+
+    @staticmethod
+    def concat(parts: list[Decoded], scratch: Scratch) -> Decoded:
+        """One window from consecutive slices, built in ``scratch`` (valid until its next use)."""
         if len(parts) == 1:
             return parts[0]
         return Decoded(
-            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Decoded)}
+            scratch.concat("rows", [p.rows for p in parts]),
+            scratch.concat("oov", [p.oov for p in parts]),
+            History.concat([p.hist for p in parts], scratch) if parts[0].hist else None,
+            parts[0].layout,
         )
 
-    def gather(self, idx: np.ndarray | slice, packed: bool = False) -> Batch | PackedBatch:
-        """Rows ``idx`` (an index array, or a slice for unshuffled reads) as a Batch, or as a
-        PackedBatch whose shared-memory buffer the rows are gathered into directly: one copy per
-        row, wherever the batch goes. Ids stay compact (int32/int16/uint8) through the worker queue
-        and the pinned copy; ``Batch.to`` widens them on the device."""
-        rows = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "oov"}
-        oov = torch.from_numpy(self.oov[idx].sum(axis=0, dtype=np.int64))
-        if not packed:
-            if isinstance(idx, slice):  # contiguous rows: views, no copy
-                return Batch(**{k: torch.from_numpy(v[idx]) for k, v in rows.items()}, oov=oov)
-            return Batch(**{k: torch.from_numpy(np.take(v, idx, axis=0)) for k, v in rows.items()}, oov=oov)
-        n = len(range(*idx.indices(len(self)))) if isinstance(idx, slice) else len(idx)
-        specs = [(k, torch.from_numpy(v[:0]).dtype, (n, *v.shape[1:])) for k, v in rows.items()]
-        specs.append(("oov", torch.int64, tuple(oov.shape)))
-        out = PackedBatch.empty(specs)
-        views = out.views()
-        for k, v in rows.items():
-            dst = views[k].numpy()
-            if isinstance(idx, slice):
-                dst[...] = v[idx]
-            else:
-                np.take(v, idx, axis=0, out=dst)
-        views["oov"].copy_(oov)
+    def oov_totals(self) -> np.ndarray:
+        """Unknown ids per id field (``Decoder.oov_fields()`` order) over every row, counting the
+        history events a batch keeps."""
+        out = np.zeros(self.layout.n_oov, np.int64)
+        k0 = self.oov.shape[1]
+        out[:k0] = self.oov.sum(axis=0, dtype=np.int64)
+        if self.hist:
+            h, lay = self.hist, self.layout
+            limits = np.array(lay.cat_limits, np.int64)
+            kernels.count_oov(h.off, h.items, lay.item_limit, h.cats, limits, lay.max_len, out[k0:])
         return out
+
+    def gather(
+        self, idx: np.ndarray | slice, packed: bool = False, buffer: np.ndarray | None = None
+    ) -> Batch | PackedBatch:
+        """Rows ``idx`` (an index array, or a slice for unshuffled reads) as a Batch, or as the
+        PackedBatch a worker ships. Every field is written once, straight into one buffer
+        (``buffer``, e.g. a shared-memory slot, or a fresh one). Ids stay compact
+        (int32/int16/uint8) through the worker queue and the pinned copy; ``Batch.to`` widens them
+        on the device."""
+        if isinstance(idx, slice):
+            idx = np.arange(*idx.indices(len(self)))
+        out = PackedBatch.empty(self.layout.fields(len(idx)), buffer)
+        v = out.arrays()
+        oov, k0 = v["oov"], self.oov.shape[1]
+        oov[:] = 0
+        src_off, dst_off, width = _record_copy_plan(self.layout, out.layout)
+        words = (self.rows.view(np.uint32), out.buffer.view(np.uint32))  # every field is 4k bytes
+        kernels.gather_rows(words[0], self.oov, idx, src_off, dst_off, width, words[1], oov[:k0])
+        if self.hist:
+            h, lay = self.hist, self.layout
+            limits = np.array(lay.cat_limits, np.int64)
+            kernels.pad_history(
+                h.off, h.items, lay.item_limit, h.cats, limits, h.gaps, _GAP_UNIT_S, lay.gap_buckets,
+                idx, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"], oov[k0:],
+            )  # fmt: skip
+        return out if packed else out.unpack()
 
 
 def stable_hash(values: list[str]) -> np.ndarray:
@@ -111,6 +274,20 @@ class Decoder:
             for f in spec.categorical + (spec.sequence.categorical if spec.sequence else [])
             if f.vocab is not None
         }
+        seq = spec.sequence
+        cats = seq.categorical if seq else []
+        self.layout = BatchLayout(
+            n_cat=len(spec.categorical),
+            n_dense=len(spec.dense),
+            emb_dim=sum(f.dim for f in spec.embedding),
+            n_keys=len(spec.keys),
+            has_history=seq is not None,
+            max_len=self.max_len,
+            item_limit=spec.item.vocab_size,
+            cat_limits=tuple(f.vocab_size for f in cats),
+            cat_dtype=np.int16 if max((f.rows for f in cats), default=0) < 2**15 else np.int32,
+            gap_buckets=seq.time_gap_buckets if seq and seq.time_gap_column else 0,
+        )
 
     def oov_fields(self) -> list[str]:
         """Names of the id fields whose unknown ids are counted, in ``Decoded.oov`` column order."""
@@ -198,23 +375,17 @@ class Decoder:
         for j, k in enumerate(spec.keys):
             keys[:, j] = numeric(col(k), where, k, np.int64)
 
-        hist_item, hist_cat, hist_gap, hist_mask, seq_oov = self._sequence(col, n, where)
-        oov_cols += seq_oov
-        return Decoded(
-            label=label.astype(np.float32),
-            weight=weight.astype(np.float32),
-            group=group,
-            target_item=target,
-            cat=cat,
-            dense=dense,
-            emb=emb,
-            hist_item=hist_item,
-            hist_cat=hist_cat,
-            hist_gap=hist_gap,
-            hist_mask=hist_mask,
-            keys=keys,
+        decoded = Decoded(
+            rows=np.empty((n, self.layout.record_bytes), np.uint8),
             oov=np.stack(oov_cols, axis=1).astype(np.int32) if n else np.zeros((0, len(oov_cols)), np.int32),
+            hist=self._sequence(col, n, where),
+            layout=self.layout,
         )
+        values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
+        for name, x in dict(values, emb=emb, keys=keys).items():
+            dst = decoded.field(name)
+            dst[...] = x.reshape(dst.shape)
+        return decoded
 
     def _group(self, arr: pa.Array, where: Where) -> np.ndarray:
         if pa.types.is_dictionary(arr.type):
@@ -240,12 +411,12 @@ class Decoder:
         check_finite(vals, where, name)
         return vals.reshape(len(arr), dim)
 
-    def _sequence(self, col, n: int, where: Where):
+    def _sequence(self, col, n: int, where: Where) -> History | None:
+        """The history columns, checked and still ragged: ids as the data holds them (string
+        vocabularies mapped to ids, unknown strings to ``vocab_size``), gaps in seconds."""
         s = self.spec.sequence
-        L = self.max_len
         if s is None:
-            z = np.zeros((n, 0), np.int32)
-            return z, np.zeros((n, 0, 0), np.int32), z, np.zeros((n, 0), bool), []
+            return None
         items = col(s.item_column)
         off = list_offsets(items, where, s.item_column)
         lens = np.diff(off)
@@ -263,55 +434,58 @@ class Decoder:
                 )
             offsets[name] = o
 
-        # Keep the most recent L events (the tail of each list) and left-pad, so the newest event
-        # always sits at position L - 1. Row-major, the valid slots of the padded [n, L] matrix
-        # come in exactly the order of the kept flat values, so every column is one boolean-mask
-        # scatter; no per-element index arrays.
-        keep = np.minimum(lens, L)
-        mask = np.arange(L)[None, :] >= (L - keep)[:, None]
-        truncated = bool((lens > L).any())
-        if truncated:
-            # Drop the oldest len - L values of each long row: +1/-1 marks, then a running sum.
-            marks = np.zeros(int(lens.sum()) + 1, np.int64)
-            starts = np.cumsum(lens) - lens
-            long_rows = lens > L
-            np.add.at(marks, starts[long_rows], 1)
-            np.add.at(marks, starts[long_rows] + lens[long_rows] - L, -1)
-            kept = np.cumsum(marks[:-1]) == 0
-        pick = (lambda v: v[kept]) if truncated else (lambda v: v)
-        row_of = lambda flags: np.repeat(np.arange(n), keep)[flags]  # only called when some id is OOV
+        def flat(name: str, o: np.ndarray) -> pa.Array:
+            # The values of this slice of rows only; offsets are re-based to start at 0.
+            vals = col(name).values.slice(o[0], o[-1] - o[0]) if n else pa.array([], pa.int64())
+            if vals.null_count:
+                raise DataError(f"{where}: list column {name!r} holds {vals.null_count} null element(s)")
+            return vals.dictionary_decode() if pa.types.is_dictionary(vals.type) else vals
 
-        def flat_values(name: str, o: np.ndarray) -> pa.Array:
-            flat = col(name).values.slice(o[0], o[-1] - o[0]) if n else pa.array([], pa.int64())
-            if flat.null_count:
-                raise DataError(f"{where}: list column {name!r} holds {flat.null_count} null element(s)")
-            return flat.dictionary_decode() if pa.types.is_dictionary(flat.type) else flat
-
-        def oov_counts(flags: np.ndarray) -> np.ndarray:
-            return np.bincount(row_of(flags), minlength=n) if flags.any() else np.zeros(n, np.int64)
-
-        item_rows, item_oov = self._item_rows(flat_values(s.item_column, off), s.item_column, where)
-        hist_item = np.zeros((n, L), np.int32)
-        hist_item[mask] = pick(item_rows)
-        seq_oov = [oov_counts(pick(item_oov))]
-
-        cat_dtype = np.int16 if max((f.rows for f in s.categorical), default=0) < 2**15 else np.int32
-        hist_cat = np.zeros((n, L, len(s.categorical)), cat_dtype)
+        n_events = int(off[-1] - off[0])
+        cats = np.empty((len(s.categorical), n_events), self.layout.cat_dtype)
         for j, f in enumerate(s.categorical):
-            r, oov = self._cat_rows(flat_values(f.name, offsets[f.name]), f, where)
-            hist_cat[:, :, j][mask] = pick(r)
-            seq_oov.append(oov_counts(pick(oov)))
-
-        hist_gap = np.zeros((n, L), np.uint8)
+            ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f)
+            # Clipped at vocab_size (still OOV to the kernel), so the narrow dtype cannot wrap.
+            np.minimum(ids, f.vocab_size, out=cats[j], casting="unsafe")
+        gaps = np.zeros(0, np.float64)
         if s.time_gap_column:
-            name = s.time_gap_column
-            gaps = pick(flat_values(name, offsets[name]).to_numpy(zero_copy_only=False))
-            check_finite(gaps, where, name)
-            if len(gaps) and gaps.min() < 0:
-                raise DataError(f"{where}: column {name!r} has negative time gaps; expected seconds >= 0")
-            b = np.log2(1.0 + gaps.astype(np.float32) * np.float32(1.0 / _GAP_UNIT_S))
-            hist_gap[mask] = np.minimum(b, s.time_gap_buckets - 1).astype(np.uint8) + 1
-        return hist_item, hist_cat, hist_gap, mask, seq_oov
+            o = offsets[s.time_gap_column]
+            gaps = self._gaps(flat(s.time_gap_column, o), o - o[0], where)
+        items = self._raw_ids(flat(s.item_column, off), s.item_column, where)
+        return History(off - off[0], items, cats, gaps)
+
+    def _raw_ids(
+        self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None
+    ) -> np.ndarray:
+        """Ids of a null-free array, checked non-negative; strings of a vocabulary field become
+        their vocabulary index, unknown strings ``vocab_size`` (the kernels' OOV test is
+        ``id >= limit``)."""
+        if f is not None and f.vocab is not None:
+            idx = pc.index_in(arr, value_set=self._vocab[f.name])
+            return pc.fill_null(idx, f.vocab_size).to_numpy(zero_copy_only=False)
+        if pa.types.is_integer(arr.type):
+            ids = arr.to_numpy(zero_copy_only=False)  # zero-copy view of the Arrow buffer
+        else:
+            ids = numeric(arr, where, name, np.int64)
+        check_nonneg_ids(ids, where, name)
+        return ids
+
+    def _gaps(self, arr: pa.Array, off: np.ndarray, where: Where) -> np.ndarray:
+        """Time gaps in seconds, checked finite and >= 0 (two reductions on the happy path)."""
+        name = self.spec.sequence.time_gap_column
+        gaps = arr.to_numpy(zero_copy_only=False)
+        if not len(gaps):
+            return gaps
+        lo, hi = gaps.min(), gaps.max()  # NaN propagates through min and max
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            bad = np.searchsorted(off, np.flatnonzero(~np.isfinite(gaps)), side="right") - 1
+            raise DataError(
+                f"{where}: column {name!r} has NaN or Inf in {len(np.unique(bad))} row(s) (first at batch "
+                f"row {bad[0]}); expected finite values"
+            )
+        if lo < 0:
+            raise DataError(f"{where}: column {name!r} has negative time gaps; expected seconds >= 0")
+        return gaps
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,180 @@
+"""The compiled history kernels against plain-Python references, and the shared-slot worker path
+against the in-process loader."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recformer.data import kernels, ring
+from recformer.data.datamodule import RecDataLoader, RecDataModule
+from recformer.data.ring import SlotBatch
+
+
+def ragged(rng: np.random.Generator, rows: int, max_len: int) -> np.ndarray:
+    lens = rng.integers(0, 2 * max_len + 1, rows)
+    lens[:3] = [0, max_len, 2 * max_len]  # empty, exactly L, truncated
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+
+def reference(off, items, item_limit, cats, cat_limits, gaps, buckets, idx, L):
+    """One row at a time, the rule in the kernel's docstring."""
+    B, C = len(idx), len(cat_limits)
+    out_item, out_cat = np.zeros((B, L), np.int64), np.zeros((B, L, C), np.int64)
+    out_gap, out_mask = np.zeros((B, L), np.int64), np.zeros((B, L), bool)
+    oov = np.zeros(1 + C, np.int64)
+    for r, i in enumerate(idx):
+        ev = list(range(off[i], off[i + 1]))[-L:] if L else []
+        pad = L - len(ev)
+        for t, s in enumerate(ev, start=pad):
+            out_mask[r, t] = True
+            ok = items[s] < item_limit
+            out_item[r, t] = items[s] + 1 if ok else 0
+            oov[0] += not ok
+            for j in range(C):
+                ok = cats[j, s] < cat_limits[j]
+                out_cat[r, t, j] = cats[j, s] + 1 if ok else 0
+                oov[1 + j] += not ok
+            if buckets:
+                out_gap[r, t] = min(math.floor(math.log2(1 + float(gaps[s]) / 60.0)), buckets - 1) + 1
+    return out_item, out_cat, out_gap, out_mask, oov
+
+
+@pytest.mark.parametrize("n_cats", [0, 1, 3])
+@pytest.mark.parametrize("item_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("with_gaps", [True, False])
+def test_pad_history_matches_reference(n_cats, item_dtype, with_gaps):
+    rng = np.random.default_rng(n_cats)
+    L, rows, limit = 7, 60, 40
+    off = ragged(rng, rows, L)
+    n = int(off[-1])
+    items = rng.integers(0, limit + 10, n).astype(item_dtype)  # some >= limit: OOV
+    cat_limits = np.array([3, 5, 2][:n_cats], np.int64)
+    cats = np.zeros((n_cats, n), np.int16)
+    for j, c in enumerate(cat_limits):
+        cats[j] = rng.integers(0, c + 2, n)
+    gaps = rng.exponential(3600.0, n).astype(np.float32) if with_gaps else np.zeros(0, np.float32)
+    buckets = 9 if with_gaps else 0
+    idx = rng.permutation(rows)[:45]
+    out = (
+        np.full((45, L), -1, np.int32),
+        np.full((45, L, n_cats), -1, np.int16),
+        np.full((45, L), 255, np.uint8),
+        np.zeros((45, L), bool),
+    )
+    oov = np.zeros(1 + n_cats, np.int64)
+    kernels.pad_history(off, items, limit, cats, cat_limits, gaps, 60.0, buckets, idx, *out, oov)
+    want = reference(off, items, limit, cats, cat_limits, gaps, buckets, idx, L)
+    for got, exp in zip((*out, oov), want):
+        np.testing.assert_array_equal(got, exp)
+    assert oov[0] > 0 and (n_cats == 0 or oov[1:].sum() > 0)  # the OOV paths ran
+
+
+def test_gap_buckets_are_exact_at_the_edges():
+    """Bucket b holds gaps with floor(log2(1 + g / 60)) == b - 1: 60 * (2**k - 1) seconds is the
+    first gap of bucket k + 1, and the float32 just below it is still in bucket k."""
+    edges = np.array([60.0 * (2**k - 1) for k in range(1, 12)], np.float32)
+    below = np.nextafter(edges, np.float32(0))
+    gaps = np.concatenate([[0.0], edges, below]).astype(np.float32)
+    off = np.arange(len(gaps) + 1, dtype=np.int64)
+    out = np.zeros((len(gaps), 1), np.uint8)
+    items = np.zeros(len(gaps), np.int32)
+    cats = np.zeros((0, len(gaps)), np.int16)
+    args = (off, items, 10, cats, np.zeros(0, np.int64), gaps, 60.0, 64, np.arange(len(gaps)))
+    kernels.pad_history(
+        *args,
+        np.zeros((len(gaps), 1), np.int32),
+        np.zeros((len(gaps), 1, 0), np.int16),
+        out,
+        np.zeros((len(gaps), 1), bool),
+        np.zeros(1, np.int64),
+    )
+    k = np.arange(1, 12)
+    assert out[0, 0] == 1
+    np.testing.assert_array_equal(out[1:12, 0], k + 1)
+    np.testing.assert_array_equal(out[12:, 0], k)
+    np.testing.assert_array_equal(kernels.bucket_gaps(gaps, 60.0, 64), out[:, 0])
+
+
+def test_count_oov_counts_only_kept_events():
+    off = np.array([0, 5, 6], np.int64)
+    items = np.array([99, 99, 1, 2, 3, 99], np.int32)  # row 0 keeps its last 3 events (L = 3)
+    cats = np.array([[7, 0, 0, 7, 0, 0]], np.int16)
+    oov = np.zeros(2, np.int64)
+    kernels.count_oov(off, items, 10, cats, np.array([5], np.int64), 3, oov)
+    assert oov.tolist() == [1, 1]
+
+
+def test_gather_rows_copies_record_fields():
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 2**32, (20, 5), dtype=np.uint64).astype(np.uint32)
+    oov_rows = rng.integers(0, 2, (20, 2)).astype(np.int32)
+    idx = np.array([3, 17, 0, 3], np.int64)
+    # field 0: words 0-1 of a record -> words 0..7 of out; field 1: word 4 -> words 8..11
+    out = np.zeros(12, np.uint32)
+    oov = np.zeros(2, np.int64)
+    src_off, dst_off, width = (np.array(v, np.int64) for v in ([0, 4], [0, 8], [2, 1]))
+    kernels.gather_rows(rows, oov_rows, idx, src_off, dst_off, width, out, oov)
+    np.testing.assert_array_equal(out[:8].reshape(4, 2), rows[idx, :2])
+    np.testing.assert_array_equal(out[8:], rows[idx, 4])
+    np.testing.assert_array_equal(oov, oov_rows[idx].sum(axis=0))
+
+
+# -- the worker path ---------------------------------------------------------------------------
+
+
+def all_batches(loader) -> list:
+    return [dataclasses.replace(b) for b in loader]
+
+
+def assert_same_batches(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for f in dataclasses.fields(w):
+            a, b = getattr(g, f.name), getattr(w, f.name)
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+
+
+def module(tiny_data, workers: int) -> RecDataModule:
+    return RecDataModule(
+        str(tiny_data), batch_size=32, num_workers=workers, shuffle_window=96, validate="footer"
+    )
+
+
+def test_forked_workers_ship_through_slots_and_batches_stay_intact(tiny_data, monkeypatch):
+    """Every batch comes through a slot, and batches kept by the caller are not overwritten when
+    their slots are reused (17 batches through 2 workers x 6 slots)."""
+    with monkeypatch.context() as m:  # the same workers, batches pickled through the pipe
+        m.setattr(RecDataLoader, "_ring", lambda self: None)
+        want = all_batches(module(tiny_data, 2).train_dataloader())
+    taken = []
+    take = SlotBatch.take
+    monkeypatch.setattr(SlotBatch, "take", lambda self: taken.append(self.slot) or take(self))
+    dm = module(tiny_data, 2)
+    got = all_batches(dm.train_dataloader())
+    assert len(taken) == len(got) == 17
+    assert set(taken) == set(range(dm.prefetch_factor + 2))  # every slot used, then reused
+    assert_same_batches(got, want)
+    assert not ring._RINGS  # closed at the end of the epoch
+
+
+def test_spawned_workers_use_the_pipe_and_agree(tiny_data):
+    want = all_batches(module(tiny_data, 2).train_dataloader())  # forked: through the slots
+    stream = module(tiny_data, 2)._stream("train", train=True)
+    loader = RecDataLoader(stream, num_workers=2, multiprocessing_context="spawn")
+    assert loader._ring() is None
+    assert_same_batches(all_batches(loader), want)
+
+
+def test_an_abandoned_epoch_frees_its_ring(tiny_data):
+    loader = module(tiny_data, 2).train_dataloader()
+    it = iter(loader)
+    next(it), next(it)
+    assert len(ring._RINGS) == 1
+    del it
+    assert not ring._RINGS
+    assert len(all_batches(loader)) == 17  # the next epoch runs normally
