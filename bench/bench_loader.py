@@ -16,6 +16,14 @@ training process needs a core too: on a 2-core machine two workers cannot reach 
 
 Memory: peak RSS of the training process plus its workers while streaming the first 1, 2, ... files
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
+
+Measured 2026-11-30 on the 2-core dev machine (``--limit 1000000 --repeats 3``, 5M rows): raw
+675k rows/s; 1 worker 410k (0.61), 2 workers 608k (0.90, 0.45 per worker); first batch after
+0.2 s; peak memory 1893 / 1925 / 2003 MB for 1 / 2 / 5M rows. Before the compiled kernels and
+shared slots: 1 worker 0.43, 2 workers 0.47. Where a worker's time goes (cProfile in the worker,
+per row): Parquet read 1.4-1.6 us (the same call as the raw scan, ~10% slower in a forked child
+than in the parent), decode and checks 0.17, history kernel 0.22, per-row records 0.11, window
+concatenation 0.10. Timings on this shared machine swing by +-15% between rounds.
 """
 
 from __future__ import annotations

@@ -93,9 +93,10 @@ class PackedBatch:
 
     Measured on the 2-core dev machine (0.85 MB batch): a tensor crossing the worker queue is moved
     to a fresh shared-memory segment, ~11 ms per segment, so a 13-tensor Batch made the queue the
-    bottleneck; one numpy buffer pickled through the queue's pipe costs ~1.4 ms. So workers ship a
-    numpy byte buffer, and the training process takes zero-copy views of it (``unpack``) or one
-    pinned copy (``pin_memory``).
+    bottleneck. So a worker writes the whole batch into one byte buffer: a reusable shared slot
+    when it was forked (``ring.SlotRing``; only the slot number crosses the queue), otherwise a
+    numpy buffer pickled through the queue's pipe. The training process takes zero-copy views of
+    it (``unpack``) or one pinned copy (``pin_memory``).
     """
 
     buffer: np.ndarray | torch.Tensor
