@@ -67,7 +67,8 @@ def test_pad_history_matches_reference(n_cats, item_dtype, with_gaps):
         np.zeros((45, L), bool),
     )
     oov = np.zeros(1 + n_cats, np.int64)
-    kernels.pad_history(off, items, limit, cats, cat_limits, gaps, 60.0, buckets, idx, *out, oov)
+    pos = np.arange(len(idx))
+    kernels.pad_history(off, items, limit, cats, cat_limits, gaps, 60.0, buckets, idx, pos, *out, oov)
     want = reference(off, items, limit, cats, cat_limits, gaps, buckets, idx, L)
     for got, exp in zip((*out, oov), want):
         np.testing.assert_array_equal(got, exp)
@@ -84,7 +85,8 @@ def test_gap_buckets_are_exact_at_the_edges():
     out = np.zeros((len(gaps), 1), np.uint8)
     items = np.zeros(len(gaps), np.int32)
     cats = np.zeros((0, len(gaps)), np.int16)
-    args = (off, items, 10, cats, np.zeros(0, np.int64), gaps, 60.0, 64, np.arange(len(gaps)))
+    rows = np.arange(len(gaps))
+    args = (off, items, 10, cats, np.zeros(0, np.int64), gaps, 60.0, 64, rows, rows)
     kernels.pad_history(
         *args,
         np.zeros((len(gaps), 1), np.int32),
@@ -118,10 +120,37 @@ def test_gather_rows_copies_record_fields():
     out = np.zeros(12, np.uint32)
     oov = np.zeros(2, np.int64)
     src_off, dst_off, width = (np.array(v, np.int64) for v in ([0, 4], [0, 8], [2, 1]))
-    kernels.gather_rows(rows, oov_rows, idx, src_off, dst_off, width, out, oov)
+    kernels.gather_rows(rows, oov_rows, idx, np.arange(4), src_off, dst_off, width, out, oov)
     np.testing.assert_array_equal(out[:8].reshape(4, 2), rows[idx, :2])
     np.testing.assert_array_equal(out[8:], rows[idx, 4])
     np.testing.assert_array_equal(oov, oov_rows[idx].sum(axis=0))
+
+
+def test_pad_history_writes_rows_at_their_positions():
+    off = np.array([0, 2, 3], np.int64)
+    items = np.array([4, 5, 6], np.int32)
+    cats = np.zeros((0, 3), np.int16)
+    out = np.zeros((3, 2), np.int32), np.zeros((3, 2, 0), np.int16), np.zeros((3, 2), np.uint8)
+    mask = np.zeros((3, 2), bool)
+    idx, pos = np.array([1, 0]), np.array([2, 0])  # window rows 1, 0 -> batch rows 2, 0
+    args = (off, items, 10, cats, np.zeros(0, np.int64), np.zeros(0), 60.0, 0, idx, pos)
+    kernels.pad_history(*args, *out, mask, np.zeros(1, np.int64))
+    assert out[0].tolist() == [[5, 6], [0, 0], [0, 7]]  # batch row 1 untouched
+    assert mask.tolist() == [[True, True], [False, False], [False, True]]
+
+
+def test_a_window_of_parts_gathers_like_one_part(tiny_data):
+    from recformer.data.decode import Window
+
+    dm = module(tiny_data, 0)
+    dm.setup("fit")
+    stream = dm._stream("train", train=True)
+    whole = stream._group(stream.index.groups[0])
+    idx = np.random.default_rng(0).permutation(len(whole))[:40]
+    cuts = [0, 7, 30, len(whole)]
+    window = Window([whole.slice(a, b) for a, b in zip(cuts, cuts[1:])])
+    assert len(window) == len(whole)
+    assert_same_batches([window.gather(idx)], [whole.gather(idx)])
 
 
 # -- the worker path ---------------------------------------------------------------------------

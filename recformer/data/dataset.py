@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from recformer.config import FeatureSpec
-from recformer.data.decode import Decoded, Decoder, Scratch
+from recformer.data.decode import Decoded, Decoder, Window
 from recformer.data.ring import SlotBatch, SlotRing
 from recformer.data.schema import DataError, Where
 from recformer.data.shards import (
@@ -70,7 +70,6 @@ class ParquetStream(IterableDataset):
         self._decoder: Decoder | None = None
         self._files: dict[int, pq.ParquetFile] = {}
         self._cached: tuple[RowGroup, Decoded] | None = None
-        self._scratch = Scratch()
 
     # -- sizes ---------------------------------------------------------------------------------
     def rank_rows(self) -> tuple[int, int]:
@@ -144,8 +143,8 @@ class ParquetStream(IterableDataset):
                 yield data, idx
 
     # -- reading -------------------------------------------------------------------------------
-    def _read(self, pieces: list[Piece]) -> Decoded:
-        return Decoded.concat([self._group(p.group).slice(p.start, p.stop) for p in pieces], self._scratch)
+    def _read(self, pieces: list[Piece]) -> Window:
+        return Window([self._group(p.group).slice(p.start, p.stop) for p in pieces])
 
     def warm_up(self) -> None:
         """Decode and gather a few rows of the first file in this process, so the padding kernel
@@ -182,5 +181,5 @@ class ParquetStream(IterableDataset):
     def __getstate__(self):
         # Open files and decoded caches stay in the process that made them.
         state = self.__dict__.copy()
-        state.update(_files={}, _cached=None, _decoder=None, _scratch=Scratch(), ring=None)
+        state.update(_files={}, _cached=None, _decoder=None, ring=None)
         return state

@@ -55,48 +55,6 @@ class History:
     def slice(self, lo: int, hi: int) -> History:
         return History(self.off[lo : hi + 1], self.items, self.cats, self.gaps)
 
-    @staticmethod
-    def concat(parts: list[History], scratch: Scratch) -> History:
-        def cat(name: str) -> np.ndarray:  # events are the last axis of every value array
-            arrays = [getattr(p, name) for p in parts]
-            if not arrays[0].size:  # no gap column / no event categoricals
-                return arrays[0]
-            return scratch.concat(
-                name, [a[..., p.off[0] : p.off[-1]] for a, p in zip(arrays, parts)], axis=-1
-            )
-
-        lens = [np.diff(p.off) for p in parts]
-        off = scratch.get("off", (sum(map(len, lens)) + 1,), np.int64)
-        off[0] = 0
-        np.cumsum(np.concatenate(lens), out=off[1:])
-        return History(off, cat("items"), cat("cats"), cat("gaps"))
-
-
-class Scratch:
-    """Grow-only arrays reused from window to window (one set per reading process).
-
-    A window that spans row groups is concatenated into these instead of into fresh arrays: a
-    fresh multi-MB numpy array is new pages from the kernel, one page fault per 4 KiB, on every
-    window; measured on the dev machine that made the concatenation 4x slower than the copy.
-    Whatever a window built here is overwritten by the next window's."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        size = math.prod(shape)
-        buf = self._bufs.get(name)
-        if buf is None or buf.dtype != dtype or buf.size < size:
-            buf = self._bufs[name] = np.empty(size + size // 4, dtype)
-        return buf[:size].reshape(shape)
-
-    def concat(self, name: str, arrays: list[np.ndarray], axis: int = 0) -> np.ndarray:
-        axis %= arrays[0].ndim
-        shape = list(arrays[0].shape)
-        shape[axis] = sum(a.shape[axis] for a in arrays)
-        out = self.get(name, tuple(shape), np.result_type(*arrays))
-        return np.concatenate(arrays, axis=axis, out=out)
-
 
 # Row-wise fields of a window, in Batch order; the history is ``Decoded.hist``.
 _ROW_FIELDS = ("label", "weight", "group", "target_item", "cat", "dense", "emb", "keys")
@@ -204,18 +162,6 @@ class Decoded:
         hist = self.hist.slice(lo, hi) if self.hist else None
         return Decoded(self.rows[lo:hi], self.oov[lo:hi], hist, self.layout)
 
-    @staticmethod
-    def concat(parts: list[Decoded], scratch: Scratch) -> Decoded:
-        """One window from consecutive slices, built in ``scratch`` (valid until its next use)."""
-        if len(parts) == 1:
-            return parts[0]
-        return Decoded(
-            scratch.concat("rows", [p.rows for p in parts]),
-            scratch.concat("oov", [p.oov for p in parts]),
-            History.concat([p.hist for p in parts], scratch) if parts[0].hist else None,
-            parts[0].layout,
-        )
-
     def oov_totals(self) -> np.ndarray:
         """Unknown ids per id field (``Decoder.oov_fields()`` order) over every row, counting the
         history events a batch keeps."""
@@ -231,28 +177,68 @@ class Decoded:
     def gather(
         self, idx: np.ndarray | slice, packed: bool = False, buffer: np.ndarray | None = None
     ) -> Batch | PackedBatch:
-        """Rows ``idx`` (an index array, or a slice for unshuffled reads) as a Batch, or as the
+        """Rows ``idx`` as a batch (see ``Window.gather``)."""
+        return Window([self]).gather(idx, packed, buffer)
+
+    def fill(self, idx: np.ndarray, pos: np.ndarray, out: PackedBatch, views: dict[str, np.ndarray]) -> None:
+        """Write rows ``idx`` of this part into rows ``pos`` of ``out`` (``views``: its fields),
+        adding their OOV counts to ``views["oov"]``."""
+        k0, oov = self.oov.shape[1], views["oov"]
+        src_off, dst_off, width = _record_copy_plan(self.layout, out.layout)
+        words = (self.rows.view(np.uint32), out.buffer.view(np.uint32))  # every field is 4k bytes
+        kernels.gather_rows(words[0], self.oov, idx, pos, src_off, dst_off, width, words[1], oov[:k0])
+        if self.hist:
+            h, lay, v = self.hist, self.layout, views
+            limits = np.array(lay.cat_limits, np.int64)
+            kernels.pad_history(
+                h.off, h.items, lay.item_limit, h.cats, limits, h.gaps, _GAP_UNIT_S, lay.gap_buckets,
+                idx, pos, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"], oov[k0:],
+            )  # fmt: skip
+
+
+@dataclass
+class Window:
+    """Consecutive decoded slices (usually of two or three row groups) read as one window of rows.
+
+    The parts are not concatenated: a batch's rows are split by part and each part writes its rows
+    into their batch positions. Concatenating cost 0.1 us per row (a copy of every event) on the
+    dev machine, more than half the padding kernel."""
+
+    parts: list[Decoded]
+
+    def __post_init__(self) -> None:
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def gather(
+        self, idx: np.ndarray | slice, packed: bool = False, buffer: np.ndarray | None = None
+    ) -> Batch | PackedBatch:
+        """Rows ``idx`` (window rows, or a slice for unshuffled reads) as a Batch, or as the
         PackedBatch a worker ships. Every field is written once, straight into one buffer
         (``buffer``, e.g. a shared-memory slot, or a fresh one). Ids stay compact
         (int32/int16/uint8) through the worker queue and the pinned copy; ``Batch.to`` widens them
         on the device."""
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
-        out = PackedBatch.empty(self.layout.fields(len(idx)), buffer)
-        v = out.arrays()
-        oov, k0 = v["oov"], self.oov.shape[1]
-        oov[:] = 0
-        src_off, dst_off, width = _record_copy_plan(self.layout, out.layout)
-        words = (self.rows.view(np.uint32), out.buffer.view(np.uint32))  # every field is 4k bytes
-        kernels.gather_rows(words[0], self.oov, idx, src_off, dst_off, width, words[1], oov[:k0])
-        if self.hist:
-            h, lay = self.hist, self.layout
-            limits = np.array(lay.cat_limits, np.int64)
-            kernels.pad_history(
-                h.off, h.items, lay.item_limit, h.cats, limits, h.gaps, _GAP_UNIT_S, lay.gap_buckets,
-                idx, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"], oov[k0:],
-            )  # fmt: skip
+        out = PackedBatch.empty(self.parts[0].layout.fields(len(idx)), buffer)
+        views = out.arrays()
+        views["oov"][:] = 0
+        if len(self.parts) == 1:
+            self.parts[0].fill(idx, _arange(len(idx)), out, views)
+        else:
+            part = np.searchsorted(self.starts, idx, side="right") - 1
+            for p, decoded in enumerate(self.parts):
+                pos = np.flatnonzero(part == p)
+                if len(pos):
+                    decoded.fill(idx[pos] - self.starts[p], pos, out, views)
         return out if packed else out.unpack()
+
+
+@functools.lru_cache(maxsize=4)
+def _arange(n: int) -> np.ndarray:
+    return np.arange(n)
 
 
 def stable_hash(values: list[str]) -> np.ndarray:

@@ -88,14 +88,15 @@ def pad_history(
     unit_s,
     gap_buckets,
     idx,
+    pos,
     out_item,
     out_cat,
     out_gap,
     out_mask,
     oov,
-):  # noqa: E501
-    """Fill ``out_*`` (``len(idx)`` rows) and add the OOV counts to ``oov`` ([1 + C]: items, then
-    each event categorical).
+):
+    """Write window row ``idx[r]`` into batch row ``pos[r]`` of ``out_*``, for every ``r``, and
+    add the OOV counts to ``oov`` ([1 + C]: items, then each event categorical).
 
     - ``items`` [N] raw item ids (checked >= 0): row ``id + 1``, or OOV row 0 when ``id >= item_limit``;
     - ``cats`` [C, N] raw event-categorical ids (field-major), the same rule with ``cat_limits[j]``;
@@ -109,10 +110,11 @@ def pad_history(
     test, which otherwise stops LLVM from vectorising them (3x on the item loop).
     """
     B, L, C = idx.shape[0], out_item.shape[1], cats.shape[0]
+    n_out = out_item.shape[0]
     top = gap_buckets - 1
     n_item = 0
     n_cat = np.zeros(C, np.int64)
-    out_cat2 = out_cat.reshape(B, L * C)
+    out_cat2 = out_cat.reshape(n_out, L * C)
     for r in range(min(_PREFETCH_ROWS, B)):
         _prefetch_row(off, items, cats, gaps, idx[r], L)
     for r in range(B):
@@ -123,7 +125,8 @@ def pad_history(
         keep = min(end - off[i], L)
         pad = L - keep
         src = _U(end - keep)  # event of slot pad + t is src + t
-        row = out_item[r]
+        o = pos[r]
+        row = out_item[o]
         for t in range(pad):
             row[_U(t)] = 0
         for t in range(keep):
@@ -133,7 +136,7 @@ def pad_history(
             n_item += not ok
         # Slot t of field j is element t * C + j of the row; C == 1 (the common case) gets its own
         # unit-stride loop, which LLVM vectorises.
-        row_cat = out_cat2[r]
+        row_cat = out_cat2[o]
         for j in range(C):
             limit, src_j, count = cat_limits[j], cats[j], 0
             if C == 1:
@@ -153,7 +156,7 @@ def pad_history(
                     row_cat[_U((pad + t) * C + j)] = c + 1 if ok else 0
                     count += not ok
             n_cat[j] += count
-        row_gap = out_gap[r]
+        row_gap = out_gap[o]
         for t in range(pad):
             row_gap[_U(t)] = 0
         if gap_buckets:
@@ -163,7 +166,7 @@ def pad_history(
         else:
             for t in range(keep):
                 row_gap[_U(pad + t)] = 0
-        row_mask = out_mask[r]
+        row_mask = out_mask[o]
         for t in range(pad):
             row_mask[_U(t)] = False
         for t in range(keep):
@@ -194,10 +197,10 @@ def bucket_gaps(gaps: np.ndarray, unit_s: float, buckets: int) -> np.ndarray:
 
 
 @_jit
-def gather_rows(rows, oov_rows, idx, src_off, dst_off, width, out, oov):
-    """Copy each batch row's record (``rows[idx[r]]``, 4-byte words) into the batch's field
+def gather_rows(rows, oov_rows, idx, pos, src_off, dst_off, width, out, oov):
+    """Copy record ``rows[idx[r]]`` (4-byte words) into batch row ``pos[r]`` of the batch's field
     columns: field ``f`` is ``width[f]`` words at ``src_off[f]`` of a record and goes to words
-    ``dst_off[f] + r * width[f]`` of ``out``. Adds the rows' OOV flags (``oov_rows``) to ``oov``.
+    ``dst_off[f] + pos[r] * width[f]`` of ``out``. Adds the rows' OOV flags (``oov_rows``) to ``oov``.
     A shuffled batch's records are random cache misses; prefetching them ahead overlaps those."""
     B, F, K = idx.shape[0], src_off.shape[0], oov_rows.shape[1]
     W = rows.shape[1]
@@ -213,7 +216,7 @@ def gather_rows(rows, oov_rows, idx, src_off, dst_off, width, out, oov):
         for f in range(F):
             w = width[f]
             s = _U(src_off[f])
-            d = _U(dst_off[f] + r * w)
+            d = _U(dst_off[f] + pos[r] * w)
             for k in range(w):
                 out[d + _U(k)] = rows[i, s + _U(k)]
         for k in range(K):
