@@ -1,11 +1,12 @@
-"""Vectorised decoding of Arrow record batches into fixed-shape arrays, then ``Batch`` tensors.
+"""Vectorised decoding of Arrow record batches, and the compiled cutting of batches from them.
 
-A window of rows (one or more row groups) is decoded once (``Decoded``): per-row fields into numpy
-arrays (ids mapped to table rows, dense features normalised), every value checked, and the history
-list columns left ragged as zero-copy views of the Arrow buffers. Batches are then cut from the
-window with a (shuffled) row order: per-row fields by ``np.take``, the history by compiled kernels
-(``kernels``) that truncate to the newest ``max_len`` events, left-pad, map ids and bucket time gaps
-while writing each value once into the batch buffer. No per-row Python anywhere.
+Each row group is decoded once (``Decoded``): the per-row fields into one record per row (ids
+mapped to table rows, dense features normalised), every value checked, and the history list columns
+left ragged as zero-copy views of the Arrow buffers. A window (``Window``: slices of one or more
+row groups) cuts batches with a (shuffled) row order through compiled kernels (``kernels``): the
+records are copied into the batch's field columns, the histories truncated to the newest
+``max_len`` events, left-padded, id-mapped and gap-bucketed, each value written once into the batch
+buffer. No per-row Python anywhere.
 """
 
 from __future__ import annotations
@@ -136,11 +137,11 @@ class BatchLayout:
 
 @dataclass
 class Decoded:
-    """A decoded window: the per-row fields packed in one row record per row (``rows``), and the
-    history still ragged. Batches are cut from it by ``gather``, which copies each batch row's
-    record into the batch's field columns and pads the history rows straight into the batch
-    buffer (``kernels``). One record per row, rather than a column per field, makes a shuffled
-    batch cost one or two cache misses per row instead of one per field."""
+    """A decoded row group (or a slice of one): the per-row fields packed in one record per row
+    (``rows``), and the history still ragged. ``fill`` copies batch rows' records into the batch's
+    field columns and pads their histories straight into the batch buffer (``kernels``): one
+    kernel call for all per-row fields instead of one ``np.take`` per field (measured the same
+    speed, ~0.1 us per shuffled row, with less per-batch Python)."""
 
     rows: np.ndarray
     """uint8 [S, layout.record_bytes]: label, weight, group, target_item, cat, dense, emb, keys."""
