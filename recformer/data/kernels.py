@@ -78,6 +78,21 @@ def _prefetch_row(off, items, cats, gaps, i, L):
 
 
 @_jit
+def _pad_ids(row, vals, src, pad, keep, limit):
+    """``row[:pad] = 0``; ``row[pad + t]`` = table row of id ``vals[src + t]`` (``id + 1``, or 0 when
+    ``id >= limit``). Returns the OOV count."""
+    for t in range(pad):
+        row[_U(t)] = 0
+    n_oov = 0
+    for t in range(keep):
+        v = vals[src + _U(t)]
+        ok = v < limit
+        row[_U(pad + t)] = v + 1 if ok else 0
+        n_oov += not ok
+    return n_oov
+
+
+@_jit
 def pad_history(
     off,
     items,
@@ -126,27 +141,14 @@ def pad_history(
         pad = L - keep
         src = _U(end - keep)  # event of slot pad + t is src + t
         o = pos[r]
-        row = out_item[o]
-        for t in range(pad):
-            row[_U(t)] = 0
-        for t in range(keep):
-            v = items[src + _U(t)]
-            ok = v < item_limit
-            row[_U(pad + t)] = v + 1 if ok else 0
-            n_item += not ok
+        n_item += _pad_ids(out_item[o], items, src, pad, keep, item_limit)
         # Slot t of field j is element t * C + j of the row; C == 1 (the common case) gets its own
         # unit-stride loop, which LLVM vectorises.
         row_cat = out_cat2[o]
         for j in range(C):
             limit, src_j, count = cat_limits[j], cats[j], 0
             if C == 1:
-                for t in range(pad):
-                    row_cat[_U(t)] = 0
-                for t in range(keep):
-                    c = src_j[src + _U(t)]
-                    ok = c < limit
-                    row_cat[_U(pad + t)] = c + 1 if ok else 0
-                    count += not ok
+                count = _pad_ids(row_cat, src_j, src, pad, keep, limit)
             else:
                 for t in range(pad):
                     row_cat[_U(t * C + j)] = 0
