@@ -164,6 +164,7 @@ def test_batch_to_widens_the_compact_id_fields(tiny_data):
     dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer")
     raw = next(iter(dm.train_dataloader()))
     assert raw.hist_gap.dtype == torch.uint8  # shipped compact
+    assert raw.hist_cat.dtype == torch.int8  # hist_actions has 4 rows
     moved = raw.to("cpu")
     for name in ID_FIELDS:
         assert getattr(moved, name).dtype == torch.long, name

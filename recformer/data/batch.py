@@ -59,7 +59,7 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Moves every tensor and widens the id fields to int64 on the way: the loader ships them
-        compact (int32 / int16 / uint8), and ``row + offset`` in a narrow dtype would wrap."""
+        compact (int32 / int16 / int8 / uint8), and ``row + offset`` in a narrow dtype would wrap."""
         return Batch(
             **{
                 f.name: getattr(self, f.name).to(

@@ -57,6 +57,9 @@ class History:
         return History(self.off[lo : hi + 1], self.items, self.cats, self.gaps)
 
 
+# The narrowest of these that holds every event-categorical row travels in the batch.
+_TORCH_INT = {np.int8: torch.int8, np.int16: torch.int16, np.int32: torch.int32}
+
 # Row-wise fields of a window, in Batch order; the history is ``Decoded.hist``.
 _ROW_FIELDS = ("label", "weight", "group", "target_item", "cat", "dense", "emb", "keys")
 
@@ -108,7 +111,7 @@ class BatchLayout:
             ("emb", torch.float32, (n, self.emb_dim)),
             ("keys", torch.int64, (n, self.n_keys)),
             ("hist_item", torch.int32, (n, L)),
-            ("hist_cat", torch.int16 if self.cat_dtype == np.int16 else torch.int32, (n, L, C)),
+            ("hist_cat", _TORCH_INT[self.cat_dtype], (n, L, C)),
             ("hist_gap", torch.uint8, (n, L)),
             ("hist_mask", torch.bool, (n, L)),
             ("oov", torch.int64, (self.n_oov,)),
@@ -219,7 +222,7 @@ class Window:
         """Rows ``idx`` (window rows, or a slice for unshuffled reads) as a Batch, or as the
         PackedBatch a worker ships. Every field is written once, straight into one buffer
         (``buffer``, e.g. a shared-memory slot, or a fresh one). Ids stay compact
-        (int32/int16/uint8) through the worker queue and the pinned copy; ``Batch.to`` widens them
+        (int32/int16/int8/uint8) through the worker queue and the pinned copy; ``Batch.to`` widens them
         on the device."""
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
@@ -263,6 +266,7 @@ class Decoder:
         }
         seq = spec.sequence
         cats = seq.categorical if seq else []
+        top_row = max((f.rows for f in cats), default=0)
         self.layout = BatchLayout(
             n_cat=len(spec.categorical),
             n_dense=len(spec.dense),
@@ -272,7 +276,7 @@ class Decoder:
             max_len=self.max_len,
             item_limit=spec.item.vocab_size,
             cat_limits=tuple(f.vocab_size for f in cats),
-            cat_dtype=np.int16 if max((f.rows for f in cats), default=0) < 2**15 else np.int32,
+            cat_dtype=next(t for t in _TORCH_INT if top_row <= np.iinfo(t).max),
             gap_buckets=seq.time_gap_buckets if seq and seq.time_gap_column else 0,
         )
 
