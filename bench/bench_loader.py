@@ -17,14 +17,14 @@ training process needs a core too: on a 2-core machine two workers cannot reach 
 Memory: peak RSS of the training process plus its workers while streaming the first 1, 2, ... files
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
-Measured 2026-11-30 on the 2-core dev machine (``--limit 1000000 --repeats 3``, 5M rows), two
-full runs: raw 710k / 675k rows/s; 1 worker 397k / 410k (0.56 / 0.61); 2 workers 610k / 608k
-(0.86 / 0.90, 0.43 / 0.45 per worker); first batch after 0.1-0.2 s; peak memory 1782 / 1858 / 1889
-MB for 1 / 2 / 5M rows. The loader's own rows/s repeat; the raw scan swings (552k-760k between
-rounds of one run). Before the compiled kernels and shared slots: 1 worker 0.43, 2 workers 0.47.
-Where a worker's time goes (cProfile in the worker, per row): Parquet read 1.4-1.6 us (the same
-call as the raw scan, ~10% slower in a forked child than in the parent), decode and checks 0.17,
-history kernel 0.22-0.28, per-row records 0.11-0.13.
+Measured 2026-11-30 on the 2-core dev machine (``--limit 1000000 --repeats 3``, 5M rows), final
+code: raw 666k rows/s; 1 worker 429k (0.64); 2 workers 621k (0.93, 0.47 per worker); first batch
+after 0.13-0.15 s; peak memory 1748 / 1791 / 1817 MB for 1 / 2 / 5M rows. Two earlier runs of this
+session gave 0.56-0.61 (1 worker) and 0.86-0.90 (2 workers): the loader's own rows/s repeat (~400-430k
+and ~610k), the raw scan swings (552k-760k between rounds of one run). Before the compiled kernels
+and shared slots: 1 worker 0.43, 2 workers 0.47. Where a worker's time goes (cProfile in the worker,
+per row): Parquet read 1.4-1.6 us (the same call as the raw scan, ~10% slower in a forked child than
+in the parent), decode and checks 0.2-0.3, history kernel 0.22-0.28, per-row records 0.11-0.13.
 """
 
 from __future__ import annotations
