@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
+import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
+from recformer.config import CategoricalField
 from recformer.data import kernels, ring
 from recformer.data.datamodule import RecDataLoader, RecDataModule
 from recformer.data.ring import SlotBatch
+from tests.conftest import log_table, tiny_spec
 
 
 def ragged(rng: np.random.Generator, rows: int, max_len: int) -> np.ndarray:
@@ -207,3 +212,60 @@ def test_an_abandoned_epoch_frees_its_ring(tiny_data):
     del it
     assert not ring._RINGS
     assert len(all_batches(loader)) == 17  # the next epoch runs normally
+
+
+# -- decoding edge cases -----------------------------------------------------------------------
+
+
+def decode_table(spec, table):
+    from recformer.data.decode import Decoder
+    from recformer.data.schema import Where
+
+    return Decoder(spec).decode(table, Where("t.parquet", 0))
+
+
+def with_list_type(table, name: str, value_type):
+    col = table.column(name).combine_chunks()
+    return table.set_column(table.schema.get_field_index(name), name, col.cast(pa.list_(value_type)))
+
+
+def test_narrow_event_ids_with_a_large_vocabulary_decode():
+    """uint8 storage, vocab 1000: the OOV clip must not overflow the stored dtype."""
+    spec = tiny_spec()
+    spec.sequence.categorical[0] = CategoricalField(name="hist_actions", vocab_size=1000)
+    table = with_list_type(log_table(40, 0, seed=1), "hist_actions", pa.uint8())
+    batch = decode_table(spec, table).gather(np.arange(40))
+    assert batch.hist_cat.dtype == torch.int16  # 1001 rows
+    for i, acts in enumerate(table.column("hist_actions").to_pylist()):
+        kept = acts[-spec.sequence.max_len :]
+        assert batch.hist_cat[i, len(batch.hist_cat[i]) - len(kept) :, 0].tolist() == [a + 1 for a in kept]
+
+
+def test_float16_gaps_decode_like_float32():
+    spec, table = tiny_spec(), log_table(40, 0, seed=2)
+    half = with_list_type(table, "hist_gaps", pa.float16())
+    as_f32 = with_list_type(half, "hist_gaps", pa.float32())
+    a, b = (decode_table(spec, t).gather(np.arange(40)) for t in (half, as_f32))
+    assert torch.equal(a.hist_gap, b.hist_gap)
+
+
+def test_gather_refuses_rows_outside_the_window():
+    d = decode_table(tiny_spec(), log_table(20, 0, seed=3)).slice(0, 10)
+    for bad in ([10], [-1]):
+        with pytest.raises(IndexError, match="outside a window of 10 rows"):
+            d.gather(np.array(bad))
+
+
+def test_a_worker_waiting_for_a_slot_exits_when_the_ring_stops():
+    ctx = multiprocessing.get_context("fork")
+    slots = ring.SlotRing(ctx, workers=1, slots=1, slot_bytes=64)
+    slots.acquire(0)  # the only slot is taken: the child's acquire waits
+
+    child = ctx.Process(target=slots.acquire, args=(0,))
+    child.start()
+    time.sleep(0.3)
+    assert child.is_alive()
+    slots.stop()
+    child.join(timeout=2)
+    assert child.exitcode == 0
+    slots.close()

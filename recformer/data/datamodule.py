@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing as mp
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -91,8 +92,9 @@ class RecDataLoader(DataLoader):
         self._yielded = skip
         ring = self._ring()
         self.stream.ring = ring
+        batches = super().__iter__()  # named, so it outlives the `finally` below
         try:
-            for batch in super().__iter__():
+            for batch in batches:
                 self._yielded += 1
                 if isinstance(batch, SlotBatch):
                     batch = batch.take()
@@ -100,15 +102,20 @@ class RecDataLoader(DataLoader):
         finally:
             self.stream.ring = None
             if ring is not None:
+                ring.stop()  # before the workers are shut down (when `batches` goes)
                 ring.close()
 
     def _ring(self) -> SlotRing | None:
         """Shared batch slots for this epoch's workers, when they are forked (see ``ring``)."""
         if self.num_workers == 0:
             return None
-        ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
-        if ctx.get_start_method() != "fork":
+        if self.multiprocessing_context is not None:
+            method = self.multiprocessing_context.get_start_method()
+        else:  # the default, without fixing it (the first of get_all_start_methods is the default)
+            method = mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]
+        if method != "fork":
             return None
+        ctx = mp.get_context("fork")
         self.stream.warm_up()
         # prefetch_factor batches per worker can be in flight; two more keep the worker busy
         # while the training process copies one out.

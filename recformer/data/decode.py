@@ -226,6 +226,9 @@ class Window:
         on the device."""
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
+        # The kernels do not check bounds: an index outside the window would read other memory.
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"rows {idx.min()}..{idx.max()} outside a window of {len(self)} rows")
         out = PackedBatch.empty(self.parts[0].layout.fields(len(idx)), buffer)
         views = out.arrays()
         views["oov"][:] = 0
@@ -437,7 +440,8 @@ class Decoder:
         for j, f in enumerate(s.categorical):
             ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f)
             # Clipped at vocab_size (still OOV to the kernel), so the narrow dtype cannot wrap.
-            np.minimum(ids, f.vocab_size, out=cats[j], casting="unsafe")
+            top = f.vocab_size if ids.dtype.kind not in "iu" else min(f.vocab_size, np.iinfo(ids.dtype).max)
+            np.minimum(ids, top, out=cats[j], casting="unsafe")
         gaps = np.zeros(0, np.float64)
         if s.time_gap_column:
             o = offsets[s.time_gap_column]
@@ -465,6 +469,8 @@ class Decoder:
         """Time gaps in seconds, checked finite and >= 0 (two reductions on the happy path)."""
         name = self.spec.sequence.time_gap_column
         gaps = arr.to_numpy(zero_copy_only=False)
+        if gaps.dtype == np.float16 or gaps.dtype.kind not in "iuf":  # the kernel takes int / f32 / f64
+            gaps = gaps.astype(np.float32 if gaps.dtype == np.float16 else np.float64)
         if not len(gaps):
             return gaps
         lo, hi = gaps.min(), gaps.max()  # NaN propagates through min and max

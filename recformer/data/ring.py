@@ -47,9 +47,14 @@ class SlotRing:
         self._map = mmap.mmap(-1, self.slot_bytes * slots * workers)  # MAP_SHARED | MAP_ANONYMOUS
         self._mem = np.frombuffer(self._map, dtype=np.uint8)
         self._free = [ctx.Semaphore(slots) for _ in range(workers)]
+        self._stop = ctx.Event()
         self._next = [0] * workers
         self._parent = os.getpid()
         _RINGS[self.id] = self
+
+    def stop(self) -> None:
+        """Tell workers waiting for a slot to exit (the epoch's iterator is being torn down)."""
+        self._stop.set()
 
     def close(self) -> None:
         """Stop serving slots in this process (in-flight messages then raise)."""
@@ -62,8 +67,10 @@ class SlotRing:
     # -- worker side ---------------------------------------------------------------------------
     def acquire(self, worker: int) -> tuple[int, np.ndarray]:
         """The worker's next slot, once the training process has freed it."""
-        while not self._free[worker].acquire(timeout=1.0):
-            if os.getppid() != self._parent:  # the training process is gone: stop quietly
+        while not self._free[worker].acquire(timeout=0.1):
+            # The epoch was abandoned, or the training process is gone: exit quietly, without
+            # making the DataLoader's shutdown wait out its join timeout.
+            if self._stop.is_set() or os.getppid() != self._parent:
                 raise SystemExit(0)
         k = self._next[worker]
         self._next[worker] = (k + 1) % self.slots
