@@ -78,12 +78,8 @@ class Batch:
 
 
 @functools.cache
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-@functools.cache
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype (``bool`` -> ``np.bool_``, ...)."""
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
@@ -111,7 +107,7 @@ class PackedBatch:
         layout, offset = [], 0
         for name, dtype, shape in specs:
             layout.append((name, dtype, tuple(shape), offset))
-            offset += -(-math.prod(shape) * _element_size(dtype) // 8) * 8
+            offset += -(-math.prod(shape) * numpy_dtype(dtype).itemsize // 8) * 8
         return tuple(layout), offset
 
     @staticmethod
@@ -131,7 +127,7 @@ class PackedBatch:
         buf = torch.from_numpy(self.buffer) if isinstance(self.buffer, np.ndarray) else self.buffer
         out = {}
         for name, dtype, shape, offset in self.layout:
-            n = math.prod(shape) * _element_size(dtype)
+            n = math.prod(shape) * numpy_dtype(dtype).itemsize
             out[name] = buf[offset : offset + n].view(dtype).view(shape)
         return out
 
@@ -139,7 +135,7 @@ class PackedBatch:
         """numpy views of the fields of a batch still in a numpy buffer (for filling it in)."""
         out = {}
         for name, dtype, shape, offset in self.layout:
-            np_dtype = _numpy_dtype(dtype)
+            np_dtype = numpy_dtype(dtype)
             out[name] = self.buffer[offset : offset + math.prod(shape) * np_dtype.itemsize].view(np_dtype)
             out[name].shape = shape
         return out

@@ -70,6 +70,7 @@ class ParquetStream(IterableDataset):
         self._decoder: Decoder | None = None
         self._files: dict[int, pq.ParquetFile] = {}
         self._cached: tuple[RowGroup, Decoded] | None = None
+        self._warmed = False
 
     # -- sizes ---------------------------------------------------------------------------------
     def rank_rows(self) -> tuple[int, int]:
@@ -150,8 +151,9 @@ class ParquetStream(IterableDataset):
         """Decode and gather a few rows of the first file in this process, so the padding kernel
         is compiled (or loaded from numba's cache, ~0.3 s) here once and inherited by forked
         workers, instead of each worker paying for it every epoch."""
-        if not self.index.files:
+        if self._warmed or not self.index.files:
             return
+        self._warmed = True  # the kernel stays compiled in this process: once per stream is enough
         path = self.index.files[0]
         try:
             first = next(pq.ParquetFile(path).iter_batches(batch_size=8, columns=self.spec.columns()), None)

@@ -24,7 +24,7 @@ import torch
 
 from recformer.config import CategoricalField, FeatureSpec
 from recformer.data import kernels
-from recformer.data.batch import Batch, PackedBatch
+from recformer.data.batch import Batch, PackedBatch, numpy_dtype
 from recformer.data.schema import (
     DataError,
     Where,
@@ -127,10 +127,15 @@ class BatchLayout:
         offset, numpy dtype and per-row shape, in ``_ROW_FIELDS`` order."""
         out, offset = {}, 0
         for name, dtype, shape in self.fields(1)[: len(_ROW_FIELDS)]:
-            np_dtype = np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
+            np_dtype = numpy_dtype(dtype)
             out[name] = (offset, np_dtype, shape[1:])
             offset += math.prod(shape[1:]) * np_dtype.itemsize
         return out
+
+    @functools.cached_property
+    def cat_limit_array(self) -> np.ndarray:
+        """``cat_limits`` as the int64 array the kernels take."""
+        return np.array(self.cat_limits, np.int64)
 
     @property
     def record_bytes(self) -> int:
@@ -174,8 +179,9 @@ class Decoded:
         out[:k0] = self.oov.sum(axis=0, dtype=np.int64)
         if self.hist:
             h, lay = self.hist, self.layout
-            limits = np.array(lay.cat_limits, np.int64)
-            kernels.count_oov(h.off, h.items, lay.item_limit, h.cats, limits, lay.max_len, out[k0:])
+            kernels.count_oov(
+                h.off, h.items, lay.item_limit, h.cats, lay.cat_limit_array, lay.max_len, out[k0:]
+            )
         return out
 
     def gather(
@@ -193,10 +199,10 @@ class Decoded:
         kernels.gather_rows(words[0], self.oov, idx, pos, src_off, dst_off, width, words[1], oov[:k0])
         if self.hist:
             h, lay, v = self.hist, self.layout, views
-            limits = np.array(lay.cat_limits, np.int64)
             kernels.pad_history(
-                h.off, h.items, lay.item_limit, h.cats, limits, h.gaps, _GAP_UNIT_S, lay.gap_buckets,
-                idx, pos, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"], oov[k0:],
+                h.off, h.items, lay.item_limit, h.cats, lay.cat_limit_array, h.gaps, _GAP_UNIT_S,
+                lay.gap_buckets, idx, pos, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"],
+                oov[k0:],
             )  # fmt: skip
 
 
