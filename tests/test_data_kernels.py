@@ -1,5 +1,5 @@
-"""The compiled history kernels against plain-Python references, and the shared-slot worker path
-against the in-process loader."""
+"""The compiled kernels (worker half and training-process half) against plain-Python references,
+and the shared-slot worker path against the in-process loader."""
 
 from __future__ import annotations
 
@@ -49,10 +49,35 @@ def reference(off, items, item_limit, cats, cat_limits, gaps, buckets, idx, L):
     return out_item, out_cat, out_gap, out_mask, oov
 
 
+def pad(off, items, item_limit, cats, cat_limits, gaps, buckets, idx, L, pos=None, n=None):
+    """The worker kernel (ragged events at batch rows ``pos``) then the training-process kernel
+    (padding), as ``Window.gather`` and ``BatchLayout.to_batch`` run them."""
+    C, B = len(cat_limits), len(idx)
+    n = B if n is None else n
+    pos = np.arange(B) if pos is None else pos
+    lens = np.zeros(n, np.int64)
+    lens[pos] = np.minimum(off[idx + 1] - off[idx], L)
+    start = np.cumsum(lens) - lens
+    E = int(lens.sum())
+    ev = np.full(E, -1, np.int32), np.full(E * C, -1, cats.dtype), np.full(E, 255, np.uint8)
+    oov = np.zeros(1 + C, np.int64)
+    kernels.gather_events(
+        off, items, item_limit, cats, cat_limits, gaps, 60.0, buckets, L, idx, pos, start, *ev, oov
+    )
+    out = (
+        np.full((n, L), -1, np.int32),
+        np.full((n, L, C), -1, cats.dtype),
+        np.full((n, L), 255, np.uint8),
+        np.zeros((n, L), bool),
+    )
+    kernels.pad_events(lens, *ev, *out)
+    return (*out, oov)
+
+
 @pytest.mark.parametrize("n_cats", [0, 1, 3])
 @pytest.mark.parametrize("item_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("with_gaps", [True, False])
-def test_pad_history_matches_reference(n_cats, item_dtype, with_gaps):
+def test_event_kernels_match_reference(n_cats, item_dtype, with_gaps):
     rng = np.random.default_rng(n_cats)
     L, rows, limit = 7, 60, 40
     off = ragged(rng, rows, L)
@@ -65,19 +90,11 @@ def test_pad_history_matches_reference(n_cats, item_dtype, with_gaps):
     gaps = rng.exponential(3600.0, n).astype(np.float32) if with_gaps else np.zeros(0, np.float32)
     buckets = 9 if with_gaps else 0
     idx = rng.permutation(rows)[:45]
-    out = (
-        np.full((45, L), -1, np.int32),
-        np.full((45, L, n_cats), -1, np.int16),
-        np.full((45, L), 255, np.uint8),
-        np.zeros((45, L), bool),
-    )
-    oov = np.zeros(1 + n_cats, np.int64)
-    pos = np.arange(len(idx))
-    kernels.pad_history(off, items, limit, cats, cat_limits, gaps, 60.0, buckets, idx, pos, *out, oov)
+    got = pad(off, items, limit, cats, cat_limits, gaps, buckets, idx, L)
     want = reference(off, items, limit, cats, cat_limits, gaps, buckets, idx, L)
-    for got, exp in zip((*out, oov), want):
-        np.testing.assert_array_equal(got, exp)
-    assert oov[0] > 0 and (n_cats == 0 or oov[1:].sum() > 0)  # the OOV paths ran
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert got[-1][0] > 0 and (n_cats == 0 or got[-1][1:].sum() > 0)  # the OOV paths ran
 
 
 def test_gap_buckets_are_exact_at_the_edges():
@@ -87,19 +104,10 @@ def test_gap_buckets_are_exact_at_the_edges():
     below = np.nextafter(edges, np.float32(0))
     gaps = np.concatenate([[0.0], edges, below]).astype(np.float32)
     off = np.arange(len(gaps) + 1, dtype=np.int64)
-    out = np.zeros((len(gaps), 1), np.uint8)
     items = np.zeros(len(gaps), np.int32)
     cats = np.zeros((0, len(gaps)), np.int16)
     rows = np.arange(len(gaps))
-    args = (off, items, 10, cats, np.zeros(0, np.int64), gaps, 60.0, 64, rows, rows)
-    kernels.pad_history(
-        *args,
-        np.zeros((len(gaps), 1), np.int32),
-        np.zeros((len(gaps), 1, 0), np.int16),
-        out,
-        np.zeros((len(gaps), 1), bool),
-        np.zeros(1, np.int64),
-    )
+    out = pad(off, items, 10, cats, np.zeros(0, np.int64), gaps, 64, rows, 1)[2]
     k = np.arange(1, 12)
     assert out[0, 0] == 1
     np.testing.assert_array_equal(out[1:12, 0], k + 1)
@@ -116,31 +124,31 @@ def test_count_oov_counts_only_kept_events():
     assert oov.tolist() == [1, 1]
 
 
-def test_gather_rows_copies_record_fields():
+def test_records_go_whole_to_their_positions_then_into_field_columns():
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 2**32, (20, 5), dtype=np.uint64).astype(np.uint32)
-    oov_rows = rng.integers(0, 2, (20, 2)).astype(np.int32)
-    idx = np.array([3, 17, 0, 3], np.int64)
-    # field 0: words 0-1 of a record -> words 0..7 of out; field 1: word 4 -> words 8..11
-    out = np.zeros(12, np.uint32)
+    rows[:, 3:] = rng.integers(0, 2, (20, 2))  # words 3-4: the OOV flags
+    idx, pos = np.array([3, 17, 0, 3], np.int64), np.array([2, 0, 3, 1], np.int64)
+    rec = np.zeros((4, 5), np.uint32)
     oov = np.zeros(2, np.int64)
-    src_off, dst_off, width = (np.array(v, np.int64) for v in ([0, 4], [0, 8], [2, 1]))
-    kernels.gather_rows(rows, oov_rows, idx, np.arange(4), src_off, dst_off, width, out, oov)
-    np.testing.assert_array_equal(out[:8].reshape(4, 2), rows[idx, :2])
-    np.testing.assert_array_equal(out[8:], rows[idx, 4])
-    np.testing.assert_array_equal(oov, oov_rows[idx].sum(axis=0))
+    kernels.gather_records(rows, idx, pos, 3, rec, oov)
+    np.testing.assert_array_equal(rec[pos], rows[idx])
+    np.testing.assert_array_equal(oov, rows[idx, 3:].sum(axis=0))
+    # field 0: words 0-1 of a record -> words 0..7 of out; field 1: word 2 -> words 8..11
+    out = np.zeros(12, np.uint32)
+    src_off, dst_off, width = (np.array(v, np.int64) for v in ([0, 2], [0, 8], [2, 1]))
+    kernels.scatter_records(rec, src_off, dst_off, width, out)
+    np.testing.assert_array_equal(out[:8].reshape(4, 2), rec[:, :2])
+    np.testing.assert_array_equal(out[8:], rec[:, 2])
 
 
-def test_pad_history_writes_rows_at_their_positions():
+def test_events_go_to_the_rows_at_their_positions():
     off = np.array([0, 2, 3], np.int64)
     items = np.array([4, 5, 6], np.int32)
     cats = np.zeros((0, 3), np.int16)
-    out = np.zeros((3, 2), np.int32), np.zeros((3, 2, 0), np.int16), np.zeros((3, 2), np.uint8)
-    mask = np.zeros((3, 2), bool)
     idx, pos = np.array([1, 0]), np.array([2, 0])  # window rows 1, 0 -> batch rows 2, 0
-    args = (off, items, 10, cats, np.zeros(0, np.int64), np.zeros(0), 60.0, 0, idx, pos)
-    kernels.pad_history(*args, *out, mask, np.zeros(1, np.int64))
-    assert out[0].tolist() == [[5, 6], [0, 0], [0, 7]]  # batch row 1 untouched
+    item, _, _, mask, _ = pad(off, items, 10, cats, np.zeros(0, np.int64), np.zeros(0), 0, idx, 2, pos, n=3)
+    assert item.tolist() == [[5, 6], [0, 0], [0, 7]]  # batch row 1 has no events
     assert mask.tolist() == [[True, True], [False, False], [False, True]]
 
 
@@ -187,7 +195,7 @@ def test_forked_workers_ship_through_slots_and_batches_stay_intact(tiny_data, mo
         want = all_batches(module(tiny_data, 2).train_dataloader())
     taken = []
     take = SlotBatch.take
-    monkeypatch.setattr(SlotBatch, "take", lambda self: taken.append(self.slot) or take(self))
+    monkeypatch.setattr(SlotBatch, "take", lambda self, pin=False: taken.append(self.slot) or take(self, pin))
     dm = module(tiny_data, 2)
     got = all_batches(dm.train_dataloader())
     assert len(taken) == len(got) == 17
@@ -258,7 +266,7 @@ def test_gather_refuses_rows_outside_the_window():
 
 def test_a_worker_waiting_for_a_slot_exits_when_the_ring_stops():
     ctx = multiprocessing.get_context("fork")
-    slots = ring.SlotRing(ctx, workers=1, slots=1, slot_bytes=64)
+    slots = ring.SlotRing(ctx, workers=1, slots=1, slot_bytes=64, layout=None)
     slots.acquire(0)  # the only slot is taken: the child's acquire waits
 
     child = ctx.Process(target=slots.acquire, args=(0,))

@@ -85,20 +85,21 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 @dataclass
 class PackedBatch:
-    """A Batch in one contiguous byte buffer, for the trip from a DataLoader worker.
+    """Named fields in one contiguous byte buffer: a batch on the trip from a DataLoader worker
+    (in the transit form of ``decode.BatchLayout.transit``), or a padded Batch (``unpack``).
 
     Measured on the 2-core dev machine (0.85 MB batch): a tensor crossing the worker queue is moved
     to a fresh shared-memory segment, ~11 ms per segment, so a 13-tensor Batch made the queue the
     bottleneck. So a worker writes the whole batch into one byte buffer: a reusable shared slot
     when it was forked (``ring.SlotRing``; only the slot number crosses the queue), otherwise a
-    numpy buffer pickled through the queue's pipe. The training process takes zero-copy views of
-    it (``unpack``) or one pinned copy (``pin_memory``).
+    numpy buffer pickled through the queue's pipe. The training process turns it into a Batch in
+    one fresh (pinned, when the loader pins) buffer: ``BatchLayout.to_batch``.
     """
 
     buffer: np.ndarray | torch.Tensor
-    """uint8 [nbytes]: numpy in transit, a (pinned) tensor after ``pin_memory``."""
+    """uint8 [nbytes]: numpy in transit, a (pinned) tensor once padded into a Batch."""
     layout: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
-    """(field, dtype, shape, byte offset) per Batch field; offsets are 8-byte aligned."""
+    """(field, dtype, shape, byte offset) per field; offsets are 8-byte aligned."""
 
     @staticmethod
     @functools.lru_cache(maxsize=16)
@@ -132,18 +133,15 @@ class PackedBatch:
         return out
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """numpy views of the fields of a batch still in a numpy buffer (for filling it in)."""
+        """numpy views of the fields (for the kernels that fill them in or read them)."""
+        buf = self.buffer.numpy() if isinstance(self.buffer, torch.Tensor) else self.buffer
         out = {}
         for name, dtype, shape, offset in self.layout:
             np_dtype = numpy_dtype(dtype)
-            out[name] = self.buffer[offset : offset + math.prod(shape) * np_dtype.itemsize].view(np_dtype)
+            out[name] = buf[offset : offset + math.prod(shape) * np_dtype.itemsize].view(np_dtype)
             out[name].shape = shape
         return out
 
     def unpack(self) -> Batch:
-        """The Batch, as views into the buffer (no copy)."""
+        """The Batch whose fields this buffer holds, as views into the buffer (no copy)."""
         return Batch(**self.views())
-
-    def pin_memory(self) -> PackedBatch:
-        buf = torch.from_numpy(self.buffer) if isinstance(self.buffer, np.ndarray) else self.buffer
-        return PackedBatch(buf.pin_memory(), self.layout)

@@ -92,13 +92,19 @@ class RecDataLoader(DataLoader):
         self._yielded = skip
         ring = self._ring()
         self.stream.ring = ring
+        # Batches in transit are padded here: pinned straight away when the loader pins (a
+        # SlotBatch is, by the pin-memory thread: SlotBatch.pin_memory).
+        pin = self.pin_memory and torch.cuda.is_available()
+        layout = Decoder(self.stream.spec).layout
         batches = super().__iter__()  # named, so it outlives the `finally` below
         try:
             for batch in batches:
                 self._yielded += 1
                 if isinstance(batch, SlotBatch):
-                    batch = batch.take()
-                yield batch.unpack() if isinstance(batch, PackedBatch) else batch
+                    batch = batch.take(pin)
+                elif isinstance(batch, PackedBatch):
+                    batch = layout.to_batch(batch, pin)
+                yield batch
         finally:
             self.stream.ring = None
             if ring is not None:
@@ -120,7 +126,7 @@ class RecDataLoader(DataLoader):
         # prefetch_factor batches per worker can be in flight; two more keep the worker busy
         # while the training process copies one out.
         slots = (self.prefetch_factor or 2) + 2
-        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes())
+        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes(), Decoder(self.stream.spec).layout)
 
     def _fingerprint(self) -> dict[str, int]:
         s = self.stream

@@ -115,8 +115,8 @@ class ParquetStream(IterableDataset):
                 yield SlotBatch(self.ring.id, wid, slot, out.layout, out.buffer.nbytes)
 
     def batch_bytes(self) -> int:
-        """Bytes of the largest batch this stream yields (``PackedBatch``)."""
-        return Decoder(self.spec).layout.nbytes(self.batch_size)
+        """Bytes of the largest batch in transit this stream ships from a worker (``PackedBatch``)."""
+        return Decoder(self.spec).layout.slot_bytes(self.batch_size)
 
     def _iter_block(self, logical: int, nw: int, skip: int):
         """(window, row indices) per batch of one logical worker block."""
@@ -148,9 +148,9 @@ class ParquetStream(IterableDataset):
         return Window([self._group(p.group).slice(p.start, p.stop) for p in pieces])
 
     def warm_up(self) -> None:
-        """Decode and gather a few rows of the first file in this process, so the padding kernel
-        is compiled (or loaded from numba's cache, ~0.3 s) here once and inherited by forked
-        workers, instead of each worker paying for it every epoch."""
+        """Decode and gather a few rows of the first file in this process, so the kernels are
+        compiled (or loaded from numba's cache, ~0.3 s) here once and inherited by forked workers,
+        instead of each worker paying for it every epoch."""
         if self._warmed or not self.index.files:
             return
         self._warmed = True  # the kernel stays compiled in this process: once per stream is enough
@@ -160,7 +160,7 @@ class ParquetStream(IterableDataset):
         except (OSError, ValueError):
             return  # the workers raise the error with its context
         if first is not None and first.num_rows:
-            Decoder(self.spec).decode(first, Where(path, 0)).gather(np.arange(first.num_rows), packed=True)
+            Decoder(self.spec).decode(first, Where(path, 0)).gather(np.arange(first.num_rows))
 
     def _group(self, g: RowGroup) -> Decoded:
         if self._cached is not None and self._cached[0] == g:

@@ -1,12 +1,13 @@
 """Vectorised decoding of Arrow record batches, and the compiled cutting of batches from them.
 
 Each row group is decoded once (``Decoded``): the per-row fields into one record per row (ids
-mapped to table rows, dense features normalised), every value checked, and the history list columns
-left ragged as zero-copy views of the Arrow buffers. A window (``Window``: slices of one or more
-row groups) cuts batches with a (shuffled) row order through compiled kernels (``kernels``): the
-records are copied into the batch's field columns, the histories truncated to the newest
-``max_len`` events, left-padded, id-mapped and gap-bucketed, each value written once into the batch
-buffer. No per-row Python anywhere.
+mapped to table rows, dense features normalised, OOV flags), every value checked, and the history
+list columns left ragged as zero-copy views of the Arrow buffers. A window (``Window``: slices of one
+or more row groups) cuts batches with a (shuffled) row order through compiled kernels (``kernels``)
+into the *transit* form a worker ships (``BatchLayout.transit``): whole records, and each row's
+newest ``max_len`` events id-mapped and gap-bucketed but still ragged. ``BatchLayout.to_batch``
+turns that into the padded ``Batch`` in the training process, as it takes the batch out of the
+worker's slot. No per-row Python anywhere.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class History:
     """A window's history, still ragged as the Arrow list columns hold it: row ``i``'s events are
     positions ``off[i]:off[i + 1]`` of every value array (aligned lists share offsets). Values are
     raw ids (checked >= 0; vocabulary strings already mapped to ids) and gaps in seconds (checked
-    finite, >= 0); ``kernels.pad_history`` maps and pads them per batch. Slicing rows shares the
+    finite, >= 0); ``kernels.gather_events`` maps them per batch. Slicing rows shares the
     value arrays, which are usually zero-copy views of the Arrow buffers."""
 
     off: np.ndarray  # int64 [S + 1]
@@ -66,10 +67,11 @@ _ROW_FIELDS = ("label", "weight", "group", "target_item", "cat", "dense", "emb",
 
 @functools.lru_cache(maxsize=16)
 def _record_copy_plan(layout: BatchLayout, batch_layout: tuple) -> tuple[np.ndarray, ...]:
-    """For ``kernels.gather_rows``: per per-row field, its offset in the row record, its offset
-    in a batch buffer (``PackedBatch.layout``) and its size per row, all in 4-byte words."""
+    """For ``kernels.scatter_records``: per Batch field of the row record, its offset in the record,
+    its offset in a batch buffer (``PackedBatch.layout``) and its size per row, all in 4-byte
+    words."""
     dst = {name: offset for name, _, _, offset in batch_layout}
-    record = layout.record.items()
+    record = [(name, r) for name, r in layout.record.items() if name in dst]
     plan = [
         (off // 4, dst[name] // 4, math.prod(shape) * dt.itemsize // 4) for name, (off, dt, shape) in record
     ]
@@ -95,7 +97,12 @@ class BatchLayout:
 
     @property
     def n_oov(self) -> int:
-        return 1 + self.n_cat + (1 + len(self.cat_limits) if self.has_history else 0)
+        return self.n_row_oov + (1 + len(self.cat_limits) if self.has_history else 0)
+
+    @property
+    def n_row_oov(self) -> int:
+        """OOV flags per row: the target item and each context categorical."""
+        return 1 + self.n_cat
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of layouts per process)
     def fields(self, n: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
@@ -117,16 +124,52 @@ class BatchLayout:
             ("oov", torch.int64, (self.n_oov,)),
         )
 
-    def nbytes(self, n: int) -> int:
-        """Bytes of an ``n``-row PackedBatch."""
-        return PackedBatch.plan(self.fields(n))[1]
+    def transit(self, n: int, events: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
+        """(name, dtype, shape) of the fields of an ``n``-row batch in transit from a worker, whose
+        rows keep ``events`` history events in all: ``rec`` the rows' records (4-byte words,
+        ``record``), ``oov`` the batch's OOV counts, ``hist_len`` each row's kept events, and the
+        events, row after row: ``ev_item``, ``ev_cat`` (event-major), ``ev_gap`` (table rows)."""
+        C = len(self.cat_limits)
+        return (
+            ("rec", torch.int32, (n, self.record_bytes // 4)),
+            ("oov", torch.int64, (self.n_oov,)),
+            ("hist_len", torch.int32, (n,)),
+            ("ev_item", torch.int32, (events,)),
+            ("ev_cat", _TORCH_INT[self.cat_dtype], (events, C)),
+            ("ev_gap", torch.uint8, (events,)),
+        )
+
+    def slot_bytes(self, n: int) -> int:
+        """Bytes of the largest ``n``-row batch in transit (every row keeping ``max_len`` events)."""
+        return PackedBatch.plan(self.transit(n, n * self.max_len))[1]
+
+    def to_batch(self, packed: PackedBatch, pin: bool = False) -> Batch:
+        """The padded Batch of a batch in transit (``transit``), in one fresh buffer (pinned with
+        ``pin``): records become field columns, each row's events go behind its padding. Reads
+        ``packed`` once; it can be reused as soon as this returns."""
+        t = packed.arrays()
+        n = t["rec"].shape[0]
+        layout, nbytes = PackedBatch.plan(self.fields(n))
+        out = PackedBatch(torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin), layout)
+        v = out.arrays()
+        src_off, dst_off, width = _record_copy_plan(self, layout)
+        words = out.buffer.numpy().view(np.uint32)
+        kernels.scatter_records(t["rec"].view(np.uint32), src_off, dst_off, width, words)
+        v["oov"][:] = t["oov"]
+        kernels.pad_events(
+            t["hist_len"], t["ev_item"], t["ev_cat"].reshape(-1), t["ev_gap"],
+            v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"],
+        )  # fmt: skip
+        return out.unpack()
 
     @functools.cached_property
     def record(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
         """Where each per-row field sits in a window's row record (``Decoded.rows``): byte
-        offset, numpy dtype and per-row shape, in ``_ROW_FIELDS`` order."""
+        offset, numpy dtype and per-row shape; the Batch fields in ``_ROW_FIELDS`` order, then
+        ``row_oov``, the row's OOV flags (``n_row_oov`` int32)."""
         out, offset = {}, 0
-        for name, dtype, shape in self.fields(1)[: len(_ROW_FIELDS)]:
+        per_row = self.fields(1)[: len(_ROW_FIELDS)] + (("row_oov", torch.int32, (1, self.n_row_oov)),)
+        for name, dtype, shape in per_row:
             np_dtype = numpy_dtype(dtype)
             out[name] = (offset, np_dtype, shape[1:])
             offset += math.prod(shape[1:]) * np_dtype.itemsize
@@ -152,14 +195,19 @@ class Decoded:
     speed, ~0.1 us per shuffled row, with less per-batch Python)."""
 
     rows: np.ndarray
-    """uint8 [S, layout.record_bytes]: label, weight, group, target_item, cat, dense, emb, keys."""
-    oov: np.ndarray  # int32 [S, 1 + F]: unknown target / context ids per row
+    """uint8 [S, layout.record_bytes]: label, weight, group, target_item, cat, dense, emb, keys,
+    row_oov."""
     hist: History | None
     """None when the spec has no sequence."""
     layout: BatchLayout
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def oov(self) -> np.ndarray:
+        """int32 [S, 1 + F]: unknown target / context ids per row (a view into ``rows``)."""
+        return self.field("row_oov")
 
     def field(self, name: str) -> np.ndarray:
         """A per-row field as a (strided) view into ``rows``: [S, *shape]."""
@@ -169,7 +217,7 @@ class Decoded:
 
     def slice(self, lo: int, hi: int) -> Decoded:
         hist = self.hist.slice(lo, hi) if self.hist else None
-        return Decoded(self.rows[lo:hi], self.oov[lo:hi], hist, self.layout)
+        return Decoded(self.rows[lo:hi], hist, self.layout)
 
     def oov_totals(self) -> np.ndarray:
         """Unknown ids per id field (``Decoder.oov_fields()`` order) over every row, counting the
@@ -190,19 +238,21 @@ class Decoded:
         """Rows ``idx`` as a batch (see ``Window.gather``)."""
         return Window([self]).gather(idx, packed, buffer)
 
-    def fill(self, idx: np.ndarray, pos: np.ndarray, out: PackedBatch, views: dict[str, np.ndarray]) -> None:
-        """Write rows ``idx`` of this part into rows ``pos`` of ``out`` (``views``: its fields),
-        adding their OOV counts to ``views["oov"]``."""
-        k0, oov = self.oov.shape[1], views["oov"]
-        src_off, dst_off, width = _record_copy_plan(self.layout, out.layout)
-        words = (self.rows.view(np.uint32), out.buffer.view(np.uint32))  # every field is 4k bytes
-        kernels.gather_rows(words[0], self.oov, idx, pos, src_off, dst_off, width, words[1], oov[:k0])
+    def fill(self, idx: np.ndarray, pos: np.ndarray, start: np.ndarray, views: dict[str, np.ndarray]) -> None:
+        """Write rows ``idx`` of this part as rows ``pos`` of a batch in transit (``views``: its
+        fields; row ``pos[r]``'s events start at ``start[pos[r]]``), adding their OOV counts to
+        ``views["oov"]``."""
+        lay, oov = self.layout, views["oov"]
+        k0 = lay.n_row_oov
+        oov_at = lay.record["row_oov"][0] // 4
+        rec = views["rec"].view(np.uint32)
+        kernels.gather_records(self.rows.view(np.uint32), idx, pos, oov_at, rec, oov[:k0])
         if self.hist:
-            h, lay, v = self.hist, self.layout, views
-            kernels.pad_history(
+            h, v = self.hist, views
+            kernels.gather_events(
                 h.off, h.items, lay.item_limit, h.cats, lay.cat_limit_array, h.gaps, _GAP_UNIT_S,
-                lay.gap_buckets, idx, pos, v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"],
-                oov[k0:],
+                lay.gap_buckets, lay.max_len, idx, pos, start, v["ev_item"], v["ev_cat"].reshape(-1),
+                v["ev_gap"], oov[k0:],
             )  # fmt: skip
 
 
@@ -226,27 +276,38 @@ class Window:
         self, idx: np.ndarray | slice, packed: bool = False, buffer: np.ndarray | None = None
     ) -> Batch | PackedBatch:
         """Rows ``idx`` (window rows, or a slice for unshuffled reads) as a Batch, or as the
-        PackedBatch a worker ships. Every field is written once, straight into one buffer
-        (``buffer``, e.g. a shared-memory slot, or a fresh one). Ids stay compact
-        (int32/int16/int8/uint8) through the worker queue and the pinned copy; ``Batch.to`` widens them
-        on the device."""
+        PackedBatch in transit form (``BatchLayout.transit``) that a worker ships. Every value is
+        written once, straight into one buffer (``buffer``, e.g. a shared-memory slot, or a fresh
+        one)."""
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
         # The kernels do not check bounds: an index outside the window would read other memory.
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"rows {idx.min()}..{idx.max()} outside a window of {len(self)} rows")
-        out = PackedBatch.empty(self.parts[0].layout.fields(len(idx)), buffer)
-        views = out.arrays()
-        views["oov"][:] = 0
+        lay = self.parts[0].layout
         if len(self.parts) == 1:
-            self.parts[0].fill(idx, _arange(len(idx)), out, views)
+            pieces = [(self.parts[0], idx, _arange(len(idx)))]
         else:
             part = np.searchsorted(self.starts, idx, side="right") - 1
+            pieces = []
             for p, decoded in enumerate(self.parts):
                 pos = np.flatnonzero(part == p)
                 if len(pos):
-                    decoded.fill(idx[pos] - self.starts[p], pos, out, views)
-        return out if packed else out.unpack()
+                    pieces.append((decoded, idx[pos] - self.starts[p], pos))
+        # Each row's kept events, and where they start in the batch's ragged event arrays.
+        lens = np.zeros(len(idx), np.int64)
+        for decoded, rows, pos in pieces:
+            if decoded.hist:
+                off = decoded.hist.off
+                lens[pos] = np.minimum(off[rows + 1] - off[rows], lay.max_len)
+        ends = np.cumsum(lens)
+        out = PackedBatch.empty(lay.transit(len(idx), int(ends[-1]) if len(idx) else 0), buffer)
+        views = out.arrays()
+        views["hist_len"][:] = lens
+        views["oov"][:] = 0
+        for decoded, rows, pos in pieces:
+            decoded.fill(rows, pos, ends - lens, views)
+        return out if packed else lay.to_batch(out)
 
 
 @functools.lru_cache(maxsize=4)
@@ -377,12 +438,12 @@ class Decoder:
 
         decoded = Decoded(
             rows=np.empty((n, self.layout.record_bytes), np.uint8),
-            oov=np.stack(oov_cols, axis=1).astype(np.int32) if n else np.zeros((0, len(oov_cols)), np.int32),
             hist=self._sequence(col, n, where),
             layout=self.layout,
         )
         values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
-        for name, x in dict(values, emb=emb, keys=keys).items():
+        row_oov = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
+        for name, x in dict(values, emb=emb, keys=keys, row_oov=row_oov).items():
             dst = decoded.field(name)
             dst[...] = x.reshape(dst.shape)
         return decoded

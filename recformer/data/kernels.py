@@ -1,21 +1,27 @@
-"""Compiled (numba) kernels that turn a window's ragged history into a batch's padded rows.
+"""Compiled (numba) kernels that cut batches out of a window: the worker's half and the training
+process's half.
 
-The history columns dominate both the bytes and the work of a batch (100 events x 3 columns against
-a dozen scalars). Decoding them into a padded window and then gathering the shuffled batch rows out
-of it touched every value twice, with numpy temporaries in between. ``pad_history`` reads each kept
-value once, from the Arrow value buffers (zero-copy), and writes it into its slot of the batch
-buffer: truncation to the newest ``L`` events, left padding, id -> table row, OOV counting and
-time-gap bucketing in one pass over the batch's rows.
+The history columns dominate both the bytes and the work of a batch (up to ``L`` events x 3 columns
+against a dozen scalars). A batch crosses from a worker to the training process *ragged*
+(``BatchLayout.transit``), and is padded on arrival:
+
+- worker (``gather_records``, ``gather_events``): each batch row's record is copied whole, and its
+  newest ``keep = min(len, L)`` events are read once from the window's Arrow value buffers
+  (zero-copy), mapped to table rows (OOV counted) and gap-bucketed, and written consecutively;
+- training process (``scatter_records``, ``pad_events``): records become field columns and each
+  row's events go to slots ``L - keep .. L - 1`` behind zero / False padding. This replaces the copy
+  out of the worker's shared slot that the training process made anyway, and reads fewer bytes.
 
 Inputs: ``off`` (int64 [S + 1]) are the window's list offsets, shared by every history column
 (aligned lists have equal lengths, checked at decode); ``idx`` holds the window rows of the batch in
-batch order. Row ``r`` of the output takes window row ``idx[r]``: its last ``keep = min(len, L)``
-events go to slots ``L - keep .. L - 1``, and the slots before are padding (0 / False).
+batch order.
 
-Measured on the 2-core dev machine (``bench/bench_loader.py``, 100-event histories): a shuffled
-batch's rows sit at random places in a window of tens of MB, so the plain loop waits on memory for
-every row (0.25 us/row for the item column alone, 0.11 in order). Prefetching the rows a few ahead
-(``_PREFETCH_ROWS``) hides that latency: 0.10 us/row shuffled.
+Measured on the 2-core dev machine (``bench/bench_loader.py``: 100-event cap, 32 events per row on
+average): a shuffled batch's rows sit at random places in a window of tens of MB, so the plain loop
+waits on memory for every row; prefetching the rows a few ahead (``_PREFETCH_ROWS``) hides that
+latency (0.25 -> 0.10 us/row for the item column). Writing padded rows in the worker cost it about
+0.6 us/row, ragged about 0.3-0.35 (a third of the bytes written: padding is most of a padded row);
+padding on arrival costs the training process what its copy out of the slot cost (~0.1 us/row).
 """
 
 from __future__ import annotations
@@ -78,22 +84,20 @@ def _prefetch_row(off, items, cats, gaps, i, L):
 
 
 @_jit
-def _pad_ids(row, vals, src, pad, keep, limit):
-    """``row[:pad] = 0``; ``row[pad + t]`` = table row of id ``vals[src + t]`` (``id + 1``, or 0 when
-    ``id >= limit``). Returns the OOV count."""
-    for t in range(pad):
-        row[_U(t)] = 0
+def _map_ids(out, dst, vals, src, keep, limit):
+    """``out[dst + t]`` = table row of id ``vals[src + t]`` (``id + 1``, or 0 when ``id >= limit``)
+    for ``t < keep``. Returns the OOV count."""
     n_oov = 0
     for t in range(keep):
         v = vals[src + _U(t)]
         ok = v < limit
-        row[_U(pad + t)] = v + 1 if ok else 0
+        out[dst + _U(t)] = v + 1 if ok else 0
         n_oov += not ok
     return n_oov
 
 
 @_jit
-def pad_history(
+def gather_events(
     off,
     items,
     item_limit,
@@ -102,19 +106,22 @@ def pad_history(
     gaps,
     unit_s,
     gap_buckets,
+    L,
     idx,
     pos,
+    start,
     out_item,
     out_cat,
     out_gap,
-    out_mask,
     oov,
 ):
-    """Write window row ``idx[r]`` into batch row ``pos[r]`` of ``out_*``, for every ``r``, and
-    add the OOV counts to ``oov`` ([1 + C]: items, then each event categorical).
+    """Worker side: the newest ``keep = min(len, L)`` events of window row ``idx[r]`` become events
+    ``start[pos[r]] .. + keep`` of the batch's ragged event arrays, for every ``r``, mapped to table
+    rows; adds the OOV counts to ``oov`` ([1 + C]: items, then each event categorical).
 
     - ``items`` [N] raw item ids (checked >= 0): row ``id + 1``, or OOV row 0 when ``id >= item_limit``;
-    - ``cats`` [C, N] raw event-categorical ids (field-major), the same rule with ``cat_limits[j]``;
+    - ``cats`` [C, N] raw event-categorical ids (field-major), the same rule with ``cat_limits[j]``,
+      written event-major (``out_cat`` [E * C]: event ``e``'s field ``j`` at ``e * C + j``);
     - ``gaps`` [N] seconds (checked finite, >= 0): bucket row
       ``1 + min(floor(log2(1 + gap / unit_s)), gap_buckets - 1)``, the floor of log2 read from the
       exponent of ``1 + gap / unit_s`` in float64 (exact for float32 gaps; a float64 gap within
@@ -124,12 +131,10 @@ def pad_history(
     Inner loops index with unsigned ints (``_U``): numba then skips its negative-index wraparound
     test, which otherwise stops LLVM from vectorising them (3x on the item loop).
     """
-    B, L, C = idx.shape[0], out_item.shape[1], cats.shape[0]
-    n_out = out_item.shape[0]
+    B, C = idx.shape[0], cats.shape[0]
     top = gap_buckets - 1
     n_item = 0
     n_cat = np.zeros(C, np.int64)
-    out_cat2 = out_cat.reshape(n_out, L * C)
     for r in range(min(_PREFETCH_ROWS, B)):
         _prefetch_row(off, items, cats, gaps, idx[r], L)
     for r in range(B):
@@ -138,44 +143,65 @@ def pad_history(
         i = idx[r]
         end = off[i + 1]
         keep = min(end - off[i], L)
-        pad = L - keep
-        src = _U(end - keep)  # event of slot pad + t is src + t
-        o = pos[r]
-        n_item += _pad_ids(out_item[o], items, src, pad, keep, item_limit)
-        # Slot t of field j is element t * C + j of the row; C == 1 (the common case) gets its own
-        # unit-stride loop, which LLVM vectorises.
-        row_cat = out_cat2[o]
-        for j in range(C):
-            limit, src_j, count = cat_limits[j], cats[j], 0
-            if C == 1:
-                count = _pad_ids(row_cat, src_j, src, pad, keep, limit)
-            else:
-                for t in range(pad):
-                    row_cat[_U(t * C + j)] = 0
+        src = _U(end - keep)  # event t of the row is src + t
+        s = _U(start[pos[r]])
+        n_item += _map_ids(out_item, s, items, src, keep, item_limit)
+        if C == 1:  # the common case: a unit-stride loop, which LLVM vectorises
+            n_cat[0] += _map_ids(out_cat, s, cats[0], src, keep, cat_limits[0])
+        else:
+            for j in range(C):
+                limit, src_j, count = cat_limits[j], cats[j], 0
                 for t in range(keep):
                     c = src_j[src + _U(t)]
                     ok = c < limit
-                    row_cat[_U((pad + t) * C + j)] = c + 1 if ok else 0
+                    out_cat[(s + _U(t)) * C + j] = c + 1 if ok else 0
                     count += not ok
-            n_cat[j] += count
-        row_gap = out_gap[o]
-        for t in range(pad):
-            row_gap[_U(t)] = 0
+                n_cat[j] += count
         if gap_buckets:
             for t in range(keep):
                 e = (_float_bits(1.0 + gaps[src + _U(t)] / unit_s) >> 52) - 1023
-                row_gap[_U(pad + t)] = min(e, top) + 1
+                out_gap[s + _U(t)] = min(e, top) + 1
         else:
             for t in range(keep):
-                row_gap[_U(pad + t)] = 0
-        row_mask = out_mask[o]
-        for t in range(pad):
-            row_mask[_U(t)] = False
-        for t in range(keep):
-            row_mask[_U(pad + t)] = True
+                out_gap[s + _U(t)] = 0
     oov[0] += n_item
     for j in range(C):
         oov[1 + j] += n_cat[j]
+
+
+@_jit
+def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_mask):
+    """Training-process side: batch row ``r``'s ``lens[r]`` events (consecutive in the ragged
+    ``ev_*`` arrays, rows in order) go to slots ``L - lens[r] .. L - 1`` of ``out_*`` row ``r``;
+    the slots before are padding (0 / False). ``ev_cat`` is event-major [E * C]."""
+    n, L = out_item.shape
+    C = out_cat.shape[2]
+    out_cat2 = out_cat.reshape(n, L * C)
+    s = 0
+    for r in range(n):
+        k = lens[r]
+        pad = L - k
+        row = out_item[r]
+        for t in range(pad):
+            row[_U(t)] = 0
+        for t in range(k):
+            row[_U(pad + t)] = ev_item[_U(s + t)]
+        row_cat = out_cat2[r]
+        for t in range(pad * C):
+            row_cat[_U(t)] = 0
+        for t in range(k * C):
+            row_cat[_U(pad * C + t)] = ev_cat[_U(s * C + t)]
+        row_gap = out_gap[r]
+        for t in range(pad):
+            row_gap[_U(t)] = 0
+        for t in range(k):
+            row_gap[_U(pad + t)] = ev_gap[_U(s + t)]
+        row_mask = out_mask[r]
+        for t in range(pad):
+            row_mask[_U(t)] = False
+        for t in range(k):
+            row_mask[_U(pad + t)] = True
+        s += k
 
 
 @_jit
@@ -193,19 +219,19 @@ def count_oov(off, items, item_limit, cats, cat_limits, L, oov):
 
 
 def bucket_gaps(gaps: np.ndarray, unit_s: float, buckets: int) -> np.ndarray:
-    """``pad_history``'s time-gap rule on a flat array, in numpy (for tests and summaries)."""
+    """``gather_events``'s time-gap rule on a flat array, in numpy (for tests and summaries)."""
     e = np.frexp(1.0 + gaps.astype(np.float64) / unit_s)[1] - 1
     return np.minimum(e, buckets - 1) + 1
 
 
 @_jit
-def gather_rows(rows, oov_rows, idx, pos, src_off, dst_off, width, out, oov):
-    """Copy record ``rows[idx[r]]`` (4-byte words) into batch row ``pos[r]`` of the batch's field
-    columns: field ``f`` is ``width[f]`` words at ``src_off[f]`` of a record and goes to words
-    ``dst_off[f] + pos[r] * width[f]`` of ``out``. Adds the rows' OOV flags (``oov_rows``) to ``oov``.
-    A shuffled batch's records are random cache misses; prefetching them ahead overlaps those."""
-    B, F, K = idx.shape[0], src_off.shape[0], oov_rows.shape[1]
-    W = rows.shape[1]
+def gather_records(rows, idx, pos, oov_at, out, oov):
+    """Worker side: record ``rows[idx[r]]`` (4-byte words) becomes ``out[pos[r]]``, for every ``r``; the
+    per-row OOV flags (``len(oov)`` words from ``oov_at`` of each record) are added to ``oov``. A
+    shuffled batch's records are random cache misses; prefetching them ahead overlaps those.
+    Copying whole records (one contiguous run per row) took a tenth of the time of writing each
+    field to its own column here; the training process does that with ``scatter_records``."""
+    B, W, K = idx.shape[0], rows.shape[1], oov.shape[0]
     flat = rows.reshape(-1)
     ahead = _PREFETCH_ROWS * 4
     for r in range(min(ahead, B)):
@@ -214,12 +240,22 @@ def gather_rows(rows, oov_rows, idx, pos, src_off, dst_off, width, out, oov):
         if r + ahead < B:
             _prefetch(flat, idx[r + ahead] * W)
             _prefetch(flat, idx[r + ahead] * W + W - 1)  # a record may straddle two lines
-        i = idx[r]
+        i, o = idx[r], pos[r]
+        for k in range(W):
+            out[o, _U(k)] = rows[i, _U(k)]
+        for k in range(K):
+            oov[k] += rows[i, _U(oov_at + k)]
+
+
+@_jit
+def scatter_records(rec, src_off, dst_off, width, out):
+    """Training-process side: field ``f`` of record ``r`` (``width[f]`` words at ``src_off[f]``)
+    goes to words ``dst_off[f] + r * width[f]`` of ``out``: one column per field."""
+    B, F = rec.shape[0], src_off.shape[0]
+    for r in range(B):
         for f in range(F):
             w = width[f]
             s = _U(src_off[f])
-            d = _U(dst_off[f] + pos[r] * w)
+            d = _U(dst_off[f] + r * w)
             for k in range(w):
-                out[d + _U(k)] = rows[i, s + _U(k)]
-        for k in range(K):
-            oov[k] += oov_rows[i, k]
+                out[d + _U(k)] = rec[r, s + _U(k)]

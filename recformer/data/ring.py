@@ -4,9 +4,10 @@ A worker's batch normally travels pickled: the worker copies it into a pickle, w
 pipe in 64 KiB pieces, and the training process reads and unpickles it. For a 0.9 MB batch that was
 about a quarter of a worker's time on the 2-core dev machine, and every batch was written into a
 fresh buffer (new pages, a page fault per 4 KiB). With a ``SlotRing`` each worker owns ``slots``
-fixed buffers in one anonymous shared mapping: it gathers a batch straight into a free slot and
-sends only a ``SlotBatch`` (worker, slot, layout) through the queue; the training process copies
-the slot out (into pinned memory when the DataLoader pins) and frees it.
+fixed buffers in one anonymous shared mapping: it gathers a batch (in transit form, history still
+ragged) straight into a free slot and sends only a ``SlotBatch`` (worker, slot, layout) through the
+queue; the training process pads it out of the slot into a fresh Batch (pinned when the DataLoader
+pins: ``BatchLayout.to_batch``) and frees the slot.
 
 A worker waits on its semaphore for a free slot. The training process frees a slot as soon as it
 takes the batch (or the pin-memory thread pins it), so a worker only waits when it is more than
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recformer.data.batch import PackedBatch
+from recformer.data.batch import Batch, PackedBatch
+from recformer.data.decode import BatchLayout
 
 _PAGE = 4096
 _RINGS: dict[int, SlotRing] = {}
@@ -37,12 +39,13 @@ _ids = itertools.count()
 
 
 class SlotRing:
-    def __init__(self, ctx: Any, workers: int, slots: int, slot_bytes: int):
-        """``ctx``: the DataLoader's multiprocessing context (must start workers by fork)."""
+    def __init__(self, ctx: Any, workers: int, slots: int, slot_bytes: int, layout: BatchLayout):
+        """``ctx``: the DataLoader's multiprocessing context (must start workers by fork);
+        ``layout``: the stream's, to turn the slots' batches into Batches."""
         if ctx.get_start_method() != "fork":
             raise ValueError(f"SlotRing needs fork-started workers, not {ctx.get_start_method()!r}")
         self.id = next(_ids)
-        self.workers, self.slots = workers, slots
+        self.workers, self.slots, self.layout = workers, slots, layout
         self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self._map = mmap.mmap(-1, self.slot_bytes * slots * workers)  # MAP_SHARED | MAP_ANONYMOUS
         self._mem = np.frombuffer(self._map, dtype=np.uint8)
@@ -91,21 +94,17 @@ class SlotBatch:
     layout: tuple
     nbytes: int
 
-    def _take(self, pin: bool) -> PackedBatch:
+    def take(self, pin: bool = False) -> Batch:
+        """The batch, padded out of its slot into a fresh (pinned) buffer; the slot is freed."""
         ring = _RINGS.get(self.ring)
         if ring is None:
             raise RuntimeError(f"batch from ring {self.ring}, which this process has closed")
-        dst = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
-        # numpy's copy, not Tensor.copy_: torch may split a large copy over its thread pool, whose
-        # spinning threads then compete with the workers for the cores.
-        np.copyto(dst.numpy(), ring.slot(self.worker, self.slot)[: self.nbytes])
-        ring.release(self.worker)
-        return PackedBatch(dst, self.layout)
+        packed = PackedBatch(ring.slot(self.worker, self.slot)[: self.nbytes], self.layout)
+        try:
+            return ring.layout.to_batch(packed, pin)
+        finally:
+            ring.release(self.worker)
 
-    def take(self) -> PackedBatch:
-        """The batch, copied out of its slot, which is freed."""
-        return self._take(pin=False)
-
-    def pin_memory(self) -> PackedBatch:
-        # Called by the DataLoader's pin-memory thread: one copy, straight into pinned memory.
-        return self._take(pin=True)
+    def pin_memory(self) -> Batch:
+        # Called by the DataLoader's pin-memory thread: padded straight into pinned memory.
+        return self.take(pin=True)
