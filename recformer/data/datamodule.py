@@ -124,9 +124,10 @@ class RecDataLoader(DataLoader):
         ctx = mp.get_context("fork")
         self.stream.warm_up()
         # prefetch_factor batches per worker can be in flight; two more keep the worker busy
-        # while the training process copies one out.
+        # while the training process takes one out.
         slots = (self.prefetch_factor or 2) + 2
-        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes(), Decoder(self.stream.spec).layout)
+        layout = Decoder(self.stream.spec).layout
+        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes(), layout)
 
     def _fingerprint(self) -> dict[str, int]:
         s = self.stream

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from recformer.data.batch import Batch, PackedBatch
 from recformer.data.decode import BatchLayout
