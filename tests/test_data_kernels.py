@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import os
+import signal
 import time
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +19,7 @@ import torch
 from recformer.config import CategoricalField
 from recformer.data import kernels, ring
 from recformer.data.datamodule import RecDataLoader, RecDataModule
-from recformer.data.ring import SlotBatch
+from recformer.data.schema import DataError
 from tests.conftest import log_table, tiny_spec
 
 
@@ -187,15 +190,22 @@ def module(tiny_data, workers: int) -> RecDataModule:
     )
 
 
+def pipe_batches(tiny_data, monkeypatch) -> list:
+    """The same forked workers run by the DataLoader itself: batches pickled through the pipe."""
+    with monkeypatch.context() as m:
+        m.setattr(RecDataLoader, "_pool", lambda self, layout, pin: None)
+        return all_batches(module(tiny_data, 2).train_dataloader())
+
+
 def test_forked_workers_ship_through_slots_and_batches_stay_intact(tiny_data, monkeypatch):
     """Every batch comes through a slot, and batches kept by the caller are not overwritten when
     their slots are reused (17 batches through 2 workers x 6 slots)."""
-    with monkeypatch.context() as m:  # the same workers, batches pickled through the pipe
-        m.setattr(RecDataLoader, "_ring", lambda self: None)
-        want = all_batches(module(tiny_data, 2).train_dataloader())
+    want = pipe_batches(tiny_data, monkeypatch)
     taken = []
-    take = SlotBatch.take
-    monkeypatch.setattr(SlotBatch, "take", lambda self, pin=False: taken.append(self.slot) or take(self, pin))
+    take = ring.SlotRing.take
+    monkeypatch.setattr(
+        ring.SlotRing, "take", lambda self, w, slot, pin: taken.append(slot) or take(self, w, slot, pin)
+    )
     dm = module(tiny_data, 2)
     got = all_batches(dm.train_dataloader())
     assert len(taken) == len(got) == 17
@@ -208,18 +218,74 @@ def test_spawned_workers_use_the_pipe_and_agree(tiny_data):
     want = all_batches(module(tiny_data, 2).train_dataloader())  # forked: through the slots
     stream = module(tiny_data, 2)._stream("train", train=True)
     loader = RecDataLoader(stream, num_workers=2, multiprocessing_context="spawn")
-    assert loader._ring() is None
+    assert loader._pool(None, False) is None
     assert_same_batches(all_batches(loader), want)
 
 
-def test_an_abandoned_epoch_frees_its_ring(tiny_data):
+def test_an_abandoned_epoch_stops_its_workers_and_frees_its_ring(tiny_data):
     loader = module(tiny_data, 2).train_dataloader()
     it = iter(loader)
     next(it), next(it)
     assert len(ring._RINGS) == 1
-    del it
+    workers = multiprocessing.active_children()
+    assert len(workers) == 2
+    it.close()
     assert not ring._RINGS
+    assert not any(p.is_alive() for p in workers)
     assert len(all_batches(loader)) == 17  # the next epoch runs normally
+
+
+@pytest.mark.parametrize("where", ["reading", "gathering"])
+def test_an_error_in_a_forked_worker_reaches_the_training_process(tiny_data, monkeypatch, where):
+    """Raised while reading the next window, or while writing a batch into a slot already taken:
+    the training process gets every batch before it, then the error with the worker's message."""
+    from recformer.data.dataset import ParquetStream
+
+    batches = ParquetStream.worker_batches
+    error = DataError("part-7.parquet row group 3: column 'label' has nulls")
+
+    def failing(self, wid, nw):
+        for k, (data, idx) in enumerate(batches(self, wid, nw)):
+            if wid == 1 and k == 2:
+                if where == "reading":
+                    raise error
+                data = mock.Mock(gather=mock.Mock(side_effect=error))
+            yield data, idx
+
+    monkeypatch.setattr(ParquetStream, "worker_batches", failing)
+    got = []
+    with pytest.raises(DataError, match=r"(?s)worker process 1.*column 'label' has nulls"):
+        for b in module(tiny_data, 2).train_dataloader():
+            got.append(b)
+    assert len(got) == 5  # worker 0's 0, 1, 2 and worker 1's 0, 1: everything before the error
+    assert not ring._RINGS
+
+
+def test_forked_workers_deliver_evaluation_batches_like_the_pipe(tiny_data, monkeypatch):
+    """Evaluation batches (slices of the window, not shuffled rows) in the same order."""
+    with monkeypatch.context() as m:
+        m.setattr(RecDataLoader, "_pool", lambda self, layout, pin: None)
+        want = all_batches(module(tiny_data, 2).val_dataloader())
+    assert_same_batches(all_batches(module(tiny_data, 2).val_dataloader()), want)
+
+
+def test_a_killed_forked_worker_is_reported(tiny_data, monkeypatch):
+    from recformer.data.dataset import ParquetStream
+
+    batches = ParquetStream.worker_batches
+
+    def killed(self, wid, nw):
+        for k, b in enumerate(batches(self, wid, nw)):
+            if wid == 0 and k == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield b
+
+    monkeypatch.setattr(ParquetStream, "worker_batches", killed)
+    with pytest.raises(
+        RuntimeError, match=r"worker process 0 \(pid \d+\) exited unexpectedly with exit code -9"
+    ):
+        list(module(tiny_data, 2).train_dataloader())
+    assert not ring._RINGS
 
 
 # -- decoding edge cases -----------------------------------------------------------------------

@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader
 from recformer.config import FeatureDims, FeatureSpec
 from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan
-from recformer.data.decode import Decoder, load_item_tables
-from recformer.data.ring import SlotBatch, SlotRing
+from recformer.data.decode import BatchLayout, Decoder, load_item_tables
+from recformer.data.ring import WorkerPool
 from recformer.data.schema import DataError, Where, check_schema
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
 
@@ -90,29 +90,23 @@ class RecDataLoader(DataLoader):
             num_workers=max(1, self.num_workers),
         )
         self._yielded = skip
-        ring = self._ring()
-        self.stream.ring = ring
-        # Batches in transit are padded here: pinned straight away when the loader pins (a
-        # SlotBatch is, by the pin-memory thread: SlotBatch.pin_memory).
+        # Batches from workers arrive in transit form and are padded here, pinned straight away
+        # when the loader pins.
         pin = self.pin_memory and torch.cuda.is_available()
         layout = Decoder(self.stream.spec).layout
-        batches = super().__iter__()  # named, so it outlives the `finally` below
+        pool = self._pool(layout, pin)
+        batches = iter(pool) if pool is not None else super().__iter__()
         try:
             for batch in batches:
                 self._yielded += 1
-                if isinstance(batch, SlotBatch):
-                    batch = batch.take(pin)
-                elif isinstance(batch, PackedBatch):
-                    batch = layout.to_batch(batch, pin)
-                yield batch
+                yield layout.to_batch(batch, pin) if isinstance(batch, PackedBatch) else batch
         finally:
-            self.stream.ring = None
-            if ring is not None:
-                ring.stop()  # before the workers are shut down (when `batches` goes)
-                ring.close()
+            if pool is not None:
+                pool.close()  # an abandoned epoch stops its workers now, not when collected
 
-    def _ring(self) -> SlotRing | None:
-        """Shared batch slots for this epoch's workers, when they are forked (see ``ring``)."""
+    def _pool(self, layout: BatchLayout, pin: bool) -> WorkerPool | None:
+        """This epoch's forked workers with their shared batch slots (see ``ring``), or None when
+        workers are not started by fork (the DataLoader's own workers then use the pipe)."""
         if self.num_workers == 0:
             return None
         if self.multiprocessing_context is not None:
@@ -121,13 +115,12 @@ class RecDataLoader(DataLoader):
             method = mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]
         if method != "fork":
             return None
-        ctx = mp.get_context("fork")
-        self.stream.warm_up()
-        # prefetch_factor batches per worker can be in flight; two more keep the worker busy
-        # while the training process takes one out.
+        # prefetch_factor batches per worker ready, two more keep the worker busy while the
+        # training process takes one out.
         slots = (self.prefetch_factor or 2) + 2
-        layout = Decoder(self.stream.spec).layout
-        return SlotRing(ctx, self.num_workers, slots, self.stream.batch_bytes(), layout)
+        return WorkerPool(
+            self.stream, self.num_workers, slots, layout, pin, self.worker_init_fn, self.timeout
+        )
 
     def _fingerprint(self) -> dict[str, int]:
         s = self.stream

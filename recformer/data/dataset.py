@@ -18,7 +18,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from recformer.config import FeatureSpec
 from recformer.data.decode import Decoded, Decoder, Window
-from recformer.data.ring import SlotBatch, SlotRing
 from recformer.data.schema import DataError, Where
 from recformer.data.shards import (
     Piece,
@@ -59,8 +58,6 @@ class ParquetStream(IterableDataset):
     """Rows decoded and shuffled together (rounded up to a multiple of batch_size)."""
     drop_last: bool = False
     plan: StreamPlan = field(default_factory=StreamPlan)
-    ring: SlotRing | None = field(default=None, repr=False)
-    """Shared slots the (forked) workers write batches into; set per epoch by RecDataLoader."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -87,6 +84,9 @@ class ParquetStream(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self):
+        """This process's batches: all of them, or in a DataLoader worker that worker's, each as
+        one PackedBatch to pickle through the pipe (``RecDataLoader`` pads it on arrival).
+        Forked workers do not come here: ``ring.WorkerPool`` runs ``worker_batches``."""
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
         if nw != max(1, self.plan.num_workers):
@@ -94,6 +94,11 @@ class ParquetStream(IterableDataset):
                 f"ParquetStream planned for {self.plan.num_workers} workers but runs in {nw}; "
                 "build the DataLoader through RecDataModule"
             )
+        for data, idx in self.worker_batches(wid, nw):
+            yield data.gather(idx, packed=info is not None)
+
+    def worker_batches(self, wid: int, nw: int):
+        """(window, row indices) of each batch worker ``wid`` of ``nw`` delivers, in order."""
         counts = self.worker_counts()
         taken, order = round_robin_resume(counts, self.plan.skip)
         # After a resume the DataLoader's round robin restarts at its worker 0; hand worker 0 the
@@ -101,18 +106,7 @@ class ParquetStream(IterableDataset):
         if wid >= len(order):
             return
         logical = order[wid]
-        batches = self._iter_block(logical, nw, skip=taken[logical])
-        if info is None:
-            for data, idx in batches:
-                yield data.gather(idx)
-        elif self.ring is None:  # a worker without a ring: each batch is one buffer, pickled
-            for data, idx in batches:
-                yield data.gather(idx, packed=True)
-        else:  # a forked worker: each batch is written into a shared slot (see ring.py)
-            for data, idx in batches:
-                slot, buffer = self.ring.acquire(wid)
-                out = data.gather(idx, packed=True, buffer=buffer)
-                yield SlotBatch(self.ring.id, wid, slot, out.layout, out.buffer.nbytes)
+        yield from self._iter_block(logical, nw, skip=taken[logical])
 
     def batch_bytes(self) -> int:
         """Bytes of the largest batch in transit this stream ships from a worker (``PackedBatch``)."""
@@ -183,5 +177,5 @@ class ParquetStream(IterableDataset):
     def __getstate__(self):
         # Open files and decoded caches stay in the process that made them.
         state = self.__dict__.copy()
-        state.update(_files={}, _cached=None, _decoder=None, ring=None)
+        state.update(_files={}, _cached=None, _decoder=None)
         return state

@@ -1,21 +1,23 @@
-"""Batches from DataLoader workers through reusable shared-memory slots instead of the queue's pipe.
+"""Forked workers that hand batches over through reusable shared-memory slots (``SlotRing``), read
+by the training process in the DataLoader's order (``WorkerPool``).
 
-A worker's batch normally travels pickled: the worker copies it into a pickle, writes it through a
-pipe in 64 KiB pieces, and the training process reads and unpickles it. For a 0.9 MB batch that was
-about a quarter of a worker's time on the 2-core dev machine, and every batch was written into a
-fresh buffer (new pages, a page fault per 4 KiB). With a ``SlotRing`` each worker owns ``slots``
-fixed buffers in one anonymous shared mapping: it gathers a batch (in transit form, history still
-ragged) straight into a free slot and sends only a ``SlotBatch`` (worker, slot, layout) through the
-queue; the training process pads it out of the slot into a fresh Batch (pinned when the DataLoader
-pins: ``BatchLayout.to_batch``) and frees the slot.
+A DataLoader worker's batch normally travels pickled through a pipe, and every batch costs a few
+queue messages each way (an index out, the batch back, through feeder threads). With forked
+workers neither is needed: each worker owns ``slots`` fixed buffers in one anonymous shared mapping
+and writes each batch, in transit form (``BatchLayout.transit``: history still ragged), straight
+into its next slot, then posts the slot on its ``filled`` semaphore. The training process takes the
+workers' slots in the DataLoader's in-order round robin, pads each batch out of its slot into a
+fresh Batch (pinned when the loader pins: ``BatchLayout.to_batch``) and frees the slot on the
+worker's ``free`` semaphore. A worker waits only when it is ``slots`` batches ahead, which is the
+back-pressure the prefetch depth asks for anyway.
 
-A worker waits on its semaphore for a free slot. The training process frees a slot as soon as it
-takes the batch (or the pin-memory thread pins it), so a worker only waits when it is more than
-``slots`` batches ahead, which is the back-pressure the prefetch depth asks for anyway.
+Measured on the 2-core dev machine (``bench/bench_loader.py``): the DataLoader's own machinery cost
+a worker ~0.13 us/row and the training process ~0.4 us/row (queue threads, record_function,
+pickling), as much as the worker's whole batch-cutting kernel.
 
 The mapping is inherited, not named: it only exists for workers started by ``fork`` (Linux's
-default). Under ``spawn``/``forkserver`` the stream is pickled into the workers without its ring
-and batches take the pipe (``PackedBatch``); the two paths give identical batches (tested).
+default). Under ``spawn``/``forkserver`` the DataLoader's own workers pickle each batch through the
+pipe (``PackedBatch``); the two paths give identical batches (tested).
 """
 
 from __future__ import annotations
@@ -23,24 +25,36 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+from torch._utils import ExceptionWrapper
 
 from recformer.data.batch import Batch, PackedBatch
-from recformer.data.decode import BatchLayout
+
+if TYPE_CHECKING:
+    from recformer.data.dataset import ParquetStream
+    from recformer.data.decode import BatchLayout
 
 _PAGE = 4096
 _RINGS: dict[int, SlotRing] = {}
-"""Rings alive in this (training) process, by id, for ``SlotBatch`` messages to find their slots."""
+"""Rings alive in this (training) process, by id."""
 _ids = itertools.count()
+
+_END, _ERROR = -1, -2
+"""Slot headers that are not a batch: the worker has no more batches; the worker failed."""
+
+_POLL_S = 0.1
+"""How often a waiting side checks that the other is still there."""
 
 
 class SlotRing:
-    def __init__(self, ctx: Any, workers: int, slots: int, slot_bytes: int, layout: BatchLayout):
-        """``ctx``: the DataLoader's multiprocessing context (must start workers by fork);
-        ``layout``: the stream's, to turn the slots' batches into Batches."""
+    def __init__(self, ctx: Any, workers: int, slots: int, slot_bytes: int, layout: BatchLayout | None):
+        """``ctx``: a multiprocessing context that starts workers by fork; ``layout``: the stream's,
+        to turn the slots' batches into Batches."""
         if ctx.get_start_method() != "fork":
             raise ValueError(f"SlotRing needs fork-started workers, not {ctx.get_start_method()!r}")
         self.id = next(_ids)
@@ -48,7 +62,11 @@ class SlotRing:
         self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self._map = mmap.mmap(-1, self.slot_bytes * slots * workers)  # MAP_SHARED | MAP_ANONYMOUS
         self._mem = np.frombuffer(self._map, dtype=np.uint8)
+        self._head_map = mmap.mmap(-1, 16 * slots * workers)
+        self._head = np.frombuffer(self._head_map, dtype=np.int64).reshape(workers, slots, 2)
+        """Per slot: (rows, history events) of the batch in it, or (_END / _ERROR, 0)."""
         self._free = [ctx.Semaphore(slots) for _ in range(workers)]
+        self._filled = [ctx.Semaphore(0) for _ in range(workers)]
         self._stop = ctx.Event()
         self._next = [0] * workers
         self._parent = os.getpid()
@@ -59,7 +77,6 @@ class SlotRing:
         self._stop.set()
 
     def close(self) -> None:
-        """Stop serving slots in this process (in-flight messages then raise)."""
         _RINGS.pop(self.id, None)
 
     def slot(self, worker: int, slot: int) -> np.ndarray:
@@ -69,41 +86,142 @@ class SlotRing:
     # -- worker side ---------------------------------------------------------------------------
     def acquire(self, worker: int) -> tuple[int, np.ndarray]:
         """The worker's next slot, once the training process has freed it."""
-        while not self._free[worker].acquire(timeout=0.1):
-            # The epoch was abandoned, or the training process is gone: exit quietly, without
-            # making the DataLoader's shutdown wait out its join timeout.
+        while not self._free[worker].acquire(timeout=_POLL_S):
+            # The epoch was abandoned, or the training process is gone: exit quietly.
             if self._stop.is_set() or os.getppid() != self._parent:
                 raise SystemExit(0)
         k = self._next[worker]
         self._next[worker] = (k + 1) % self.slots
         return k, self.slot(worker, k)
 
+    def publish(self, worker: int, slot: int, rows: int, events: int = 0) -> None:
+        """Hand slot ``slot`` (holding ``rows`` rows, or ``_END`` / ``_ERROR``) to the training process."""
+        self._head[worker, slot] = rows, events
+        self._filled[worker].release()
+
     # -- training-process side -----------------------------------------------------------------
+    def wait(self, worker: int, timeout: float) -> bool:
+        """Whether the worker's next slot was filled within ``timeout`` seconds."""
+        return self._filled[worker].acquire(timeout=timeout)
+
+    def take(self, worker: int, slot: int, pin: bool) -> Batch:
+        """The batch in a filled slot, padded into a fresh (pinned) buffer; frees the slot."""
+        rows, events = (int(v) for v in self._head[worker, slot])
+        layout, nbytes = PackedBatch.plan(self.layout.transit(rows, events))
+        try:
+            return self.layout.to_batch(PackedBatch(self.slot(worker, slot)[:nbytes], layout), pin)
+        finally:
+            self.release(worker)
+
+    def header(self, worker: int, slot: int) -> int:
+        return int(self._head[worker, slot, 0])
+
     def release(self, worker: int) -> None:
         self._free[worker].release()
 
 
-@dataclass
-class SlotBatch:
-    """The queue message for a batch that waits in a ring slot."""
+def _work(
+    ring: SlotRing, stream: ParquetStream, worker: int, errors: Any, init_fn: Callable[[int], None] | None
+) -> None:
+    """A worker process: this worker's batches of the stream, each into the next free slot."""
+    torch.set_num_threads(1)
+    slot = None  # a slot taken and not yet handed over
+    try:
+        if init_fn is not None:
+            init_fn(worker)
+        for data, idx in stream.worker_batches(worker, ring.workers):
+            slot, buffer = ring.acquire(worker)
+            out = data.gather(idx, packed=True, buffer=buffer)
+            shapes = {name: shape for name, _, shape, _ in out.layout}
+            ring.publish(worker, slot, shapes["rec"][0], shapes["ev_item"][0])
+            slot = None
+        slot, _ = ring.acquire(worker)
+        ring.publish(worker, slot, _END)
+    except SystemExit:
+        pass
+    except BaseException:
+        error = ExceptionWrapper(where=f"in DataLoader worker process {worker}")
+        if slot is None:
+            slot, _ = ring.acquire(worker)
+        ring.publish(worker, slot, _ERROR)
+        errors.put(error)  # after the header: the training process reads it only once it is there
 
-    ring: int
-    worker: int
-    slot: int
-    layout: tuple
-    nbytes: int
 
-    def take(self, pin: bool = False) -> Batch:
-        """The batch, padded out of its slot into a fresh (pinned) buffer; the slot is freed."""
-        ring = _RINGS.get(self.ring)
-        if ring is None:
-            raise RuntimeError(f"batch from ring {self.ring}, which this process has closed")
-        packed = PackedBatch(ring.slot(self.worker, self.slot)[: self.nbytes], self.layout)
+class WorkerPool:
+    """One epoch of a stream from ``workers`` forked processes, yielded as Batches in the
+    DataLoader's in-order round robin (which skips workers that have finished), so that a batch's
+    position is the one ``shards.round_robin_resume`` computes for the DataLoader."""
+
+    def __init__(
+        self,
+        stream: ParquetStream,
+        workers: int,
+        slots: int,
+        layout: BatchLayout,
+        pin: bool = False,
+        init_fn: Callable[[int], None] | None = None,
+        timeout: float = 0.0,
+    ):
+        import multiprocessing as mp
+
+        self.ctx = mp.get_context("fork")
+        self.stream, self.workers, self.pin, self.timeout = stream, workers, pin, timeout
+        stream.warm_up()  # kernels loaded here once, inherited by every worker
+        self.ring = SlotRing(self.ctx, workers, slots, stream.batch_bytes(), layout)
+        self._errors = self.ctx.SimpleQueue()
+        self._procs = [
+            self.ctx.Process(target=_work, args=(self.ring, stream, w, self._errors, init_fn), daemon=True)
+            for w in range(workers)
+        ]
+
+    def __iter__(self) -> Iterator[Batch]:
+        ring = self.ring
         try:
-            return ring.layout.to_batch(packed, pin)
+            for p in self._procs:
+                p.start()
+            active, taken, i = list(range(self.workers)), [0] * self.workers, 0
+            while active:
+                w = active[i]
+                self._wait(w)
+                slot = taken[w] % ring.slots
+                taken[w] += 1
+                head = ring.header(w, slot)
+                if head == _ERROR:
+                    self._errors.get().reraise()
+                if head == _END:
+                    ring.release(w)
+                    active.pop(i)
+                    i = i % len(active) if active else 0
+                    continue
+                batch = ring.take(w, slot, self.pin)
+                i = (i + 1) % len(active)
+                yield batch
         finally:
-            ring.release(self.worker)
+            self.close()
 
-    def pin_memory(self) -> Batch:
-        # Called by the DataLoader's pin-memory thread: padded straight into pinned memory.
-        return self.take(pin=True)
+    def _wait(self, worker: int) -> None:
+        start = time.monotonic()
+        while not self.ring.wait(worker, _POLL_S):
+            p = self._procs[worker]
+            if not p.is_alive():
+                if self.ring.wait(worker, 0):  # it filled the slot, then exited (after its last)
+                    return
+                raise RuntimeError(
+                    f"DataLoader worker process {worker} (pid {p.pid}) exited unexpectedly with exit code "
+                    f"{p.exitcode}; if it was killed (negative code), the machine may be out of memory"
+                )
+            if self.timeout and time.monotonic() - start > self.timeout:
+                raise RuntimeError(
+                    f"DataLoader timed out after {self.timeout} s waiting for worker process {worker}"
+                )
+
+    def close(self) -> None:
+        """Stop the workers (those waiting for a slot exit at once) and free the ring. Idempotent."""
+        self.ring.stop()
+        for p in self._procs:
+            if p.pid is not None and p.exitcode is None:
+                p.join(timeout=2 * _POLL_S)
+                if p.is_alive():  # busy reading: nothing it writes matters any more
+                    p.terminate()
+                    p.join()
+        self.ring.close()
