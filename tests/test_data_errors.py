@@ -90,6 +90,26 @@ def test_negative_ids_inside_history(data):
     assert str(p) in setup_error(data, "'hist_items'.*negative")
 
 
+def test_negative_event_categorical_inside_history(data):
+    p, t = target(data)
+    a = t["hist_actions"].to_pylist()
+    last = max(i for i, x in enumerate(a) if x)
+    a[last][-1] = -2
+    replace_file(p, set_col(t, "hist_actions", pa.array(a, pa.list_(pa.int8()))))
+    assert str(p) in setup_error(data, "'hist_actions'.*negative")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_time_gap(data, bad):
+    p, t = target(data)
+    g = t["hist_gaps"].to_pylist()
+    first = next(i for i, x in enumerate(g) if x)
+    g[first][0] = bad  # the oldest event: checked even when a batch would not keep it
+    replace_file(p, set_col(t, "hist_gaps", pa.array(g, pa.list_(pa.float32()))))
+    msg = setup_error(data, "'hist_gaps' has NaN or Inf")
+    assert str(p) in msg and f"first at batch row {first}" in msg
+
+
 def test_nan_in_dense(data):
     p, t = target(data)
     x = t["age"].to_numpy().copy()

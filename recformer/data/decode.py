@@ -443,9 +443,12 @@ class Decoder:
         )
         values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
         row_oov = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
+        words = decoded.rows.view(np.uint32)
         for name, x in dict(values, emb=emb, keys=keys, row_oov=row_oov).items():
-            dst = decoded.field(name)
-            dst[...] = x.reshape(dst.shape)
+            # A compiled copy into the records: numpy's strided assignment cost 8 ns per row and field.
+            offset, dtype, _ = self.layout.record[name]
+            src = np.ascontiguousarray(x.reshape(n, -1), dtype=dtype).view(np.uint32)
+            kernels.put_words(words, offset // 4, src)
         return decoded
 
     def _group(self, arr: pa.Array, where: Where) -> np.ndarray:
@@ -505,10 +508,12 @@ class Decoder:
         n_events = int(off[-1] - off[0])
         cats = np.empty((len(s.categorical), n_events), self.layout.cat_dtype)
         for j, f in enumerate(s.categorical):
-            ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f)
-            # Clipped at vocab_size (still OOV to the kernel), so the narrow dtype cannot wrap.
+            ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f, check=False)
+            # Clipped at vocab_size (still OOV to the kernel), so the narrow dtype cannot wrap; the
+            # clip checks the ids in the same pass (numpy's minimum into int8 cost 2.4 ns per event).
             top = f.vocab_size if ids.dtype.kind not in "iu" else min(f.vocab_size, np.iinfo(ids.dtype).max)
-            np.minimum(ids, top, out=cats[j], casting="unsafe")
+            if kernels.clip_ids(ids, top, cats[j]) < 0:
+                check_nonneg_ids(ids, where, f.name)
         gaps = np.zeros(0, np.float64)
         if s.time_gap_column:
             o = offsets[s.time_gap_column]
@@ -517,11 +522,11 @@ class Decoder:
         return History(off - off[0], items, cats, gaps)
 
     def _raw_ids(
-        self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None
+        self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None, check: bool = True
     ) -> np.ndarray:
-        """Ids of a null-free array, checked non-negative; strings of a vocabulary field become
-        their vocabulary index, unknown strings ``vocab_size`` (the kernels' OOV test is
-        ``id >= limit``)."""
+        """Ids of a null-free array, checked non-negative (unless the caller does: ``check``);
+        strings of a vocabulary field become their vocabulary index, unknown strings
+        ``vocab_size`` (the kernels' OOV test is ``id >= limit``)."""
         if f is not None and f.vocab is not None:
             idx = pc.index_in(arr, value_set=self._vocab[f.name])
             return pc.fill_null(idx, f.vocab_size).to_numpy(zero_copy_only=False)
@@ -529,25 +534,29 @@ class Decoder:
             ids = arr.to_numpy(zero_copy_only=False)  # zero-copy view of the Arrow buffer
         else:
             ids = numeric(arr, where, name, np.int64)
-        check_nonneg_ids(ids, where, name)
+        if check:
+            check_nonneg_ids(ids, where, name)
         return ids
 
     def _gaps(self, arr: pa.Array, off: np.ndarray, where: Where) -> np.ndarray:
-        """Time gaps in seconds, checked finite and >= 0 (two reductions on the happy path)."""
+        """Time gaps in seconds, checked finite and >= 0 (one compiled pass on the happy path)."""
         name = self.spec.sequence.time_gap_column
         gaps = arr.to_numpy(zero_copy_only=False)
         if gaps.dtype == np.float16 or gaps.dtype.kind not in "iuf":  # the kernel takes int / f32 / f64
             gaps = gaps.astype(np.float32 if gaps.dtype == np.float16 else np.float64)
         if not len(gaps):
             return gaps
-        lo, hi = gaps.min(), gaps.max()  # NaN propagates through min and max
-        if not (np.isfinite(lo) and np.isfinite(hi)):
+        if gaps.dtype.kind == "f":
+            nonfinite, negative = kernels.bad_gaps(gaps)
+        else:
+            nonfinite, negative = 0, int(gaps.min() < 0)
+        if nonfinite:
             bad = np.searchsorted(off, np.flatnonzero(~np.isfinite(gaps)), side="right") - 1
             raise DataError(
                 f"{where}: column {name!r} has NaN or Inf in {len(np.unique(bad))} row(s) (first at batch "
                 f"row {bad[0]}); expected finite values"
             )
-        if lo < 0:
+        if negative:
             raise DataError(f"{where}: column {name!r} has negative time gaps; expected seconds >= 0")
         return gaps
 

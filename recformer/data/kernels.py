@@ -205,6 +205,38 @@ def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_ma
 
 
 @_jit
+def clip_ids(ids, top, out):
+    """``out[i] = min(ids[i], top)`` (``out`` may be narrower than ``ids``: ``top`` fits it), in the
+    same pass as the range check: returns ``min(0, min(ids))``, negative when any id is."""
+    lo = 0
+    for i in range(ids.shape[0]):
+        v = ids[_U(i)]
+        lo = min(lo, v)
+        out[_U(i)] = min(v, top)
+    return lo
+
+
+@_jit
+def bad_gaps(gaps):
+    """(non-finite, negative) counts of float gaps, in one pass."""
+    nonfinite, negative = 0, 0
+    for i in range(gaps.shape[0]):
+        g = gaps[_U(i)]
+        nonfinite += not np.isfinite(g)
+        negative += g < 0
+    return nonfinite, negative
+
+
+@_jit
+def put_words(rows, at, src):
+    """Words ``at .. at + w`` of every record ``rows[r]`` = ``src[r]`` ([n, w], 4-byte words)."""
+    n, w = src.shape
+    for r in range(n):
+        for k in range(w):
+            rows[r, _U(at + k)] = src[r, _U(k)]
+
+
+@_jit
 def count_oov(off, items, item_limit, cats, cat_limits, L, oov):
     """Add to ``oov`` the OOV values among the kept (newest ``L``) events of every row."""
     C = cats.shape[0]
