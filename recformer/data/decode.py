@@ -160,7 +160,14 @@ class BatchLayout:
             t["hist_len"], t["ev_item"], t["ev_cat"].reshape(-1), t["ev_gap"],
             v["hist_item"], v["hist_cat"], v["hist_gap"], v["hist_mask"],
         )  # fmt: skip
-        return out.unpack()
+        if pin:
+            # Views of the pinned tensor itself: an asynchronous copy to the GPU records its event
+            # on that tensor's allocation, so the block is not handed out again mid-copy. Tensors
+            # made from numpy views would not be recognised as that allocation.
+            return out.unpack()
+        # Tensors over the numpy views the kernels wrote (they keep the buffer alive): one call
+        # per field, where slicing and viewing the tensor took three (122 -> 78 us per batch).
+        return Batch(**{name: torch.from_numpy(a) for name, a in v.items()})
 
     @functools.cached_property
     def record(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
