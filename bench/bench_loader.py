@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -56,21 +57,51 @@ def ensure_data(path: Path, rows: int, max_len: int) -> None:
     write_synth(path, rows, val_rows=0, test_rows=0, max_len=max_len, rows_per_file=1_000_000, progress=True)
 
 
-def raw_scan(data: Path, limit: int) -> tuple[int, float]:
+def raw_scan(data: Path, limit: int) -> tuple[int, float, float]:
+    """Rows read, wall seconds and CPU seconds of a single-thread ``read_row_group`` scan."""
     spec = FeatureSpec.load(data / "spec.yaml")
     cols = spec.columns()
-    rows, t0 = 0, time.perf_counter()
+    rows, t0, c0 = 0, time.perf_counter(), time.process_time()
     for f in sorted((data / "train").glob("*.parquet")):
         pf = pq.ParquetFile(f)
         for i in range(pf.metadata.num_row_groups):
             rows += pf.read_row_group(i, columns=cols, use_threads=False).num_rows
             if rows >= limit:
-                return rows, time.perf_counter() - t0
-    return rows, time.perf_counter() - t0
+                return rows, time.perf_counter() - t0, time.process_time() - c0
+    return rows, time.perf_counter() - t0, time.process_time() - c0
 
 
-def loader_scan(data: Path, workers: int, limit: int, batch_size: int) -> tuple[int, float, float]:
-    """Rows after the first batch, the seconds they took, and the seconds to the first batch.
+def _raw_child(data: Path, limit: int, out) -> None:
+    n, s, _ = raw_scan(data, limit)
+    out.put(n / s)
+
+
+def raw_parallel(data: Path, limit: int, k: int) -> float:
+    """Total rows/s of ``k`` raw scans running at once, each in its own process: what this
+    machine's cores read together (the memory bus and caches are shared)."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_raw_child, args=(data, limit, out)) for _ in range(k)]
+    for p in procs:
+        p.start()
+    rates = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def loader_scan(data: Path, workers: int, limit: int, batch_size: int) -> dict:
+    """rows/s after the first batch, seconds to the first batch, and CPU microseconds per row of
+    the workers (together) and of the training process over the same stretch.
 
     Throughput is timed from the first batch on: starting the workers (fork, numba's cached
     kernel, the first read) happens once per epoch and is reported apart."""
@@ -83,15 +114,25 @@ def loader_scan(data: Path, workers: int, limit: int, batch_size: int) -> tuple[
         pin_memory=False,
     )
     dm.setup("fit")
-    rows, t0, t1 = 0, time.perf_counter(), None
-    for batch in dm.train_dataloader():
-        if t1 is None:
-            t1 = time.perf_counter()
+    rows, t0, mark = 0, time.perf_counter(), None
+    batches = iter(dm.train_dataloader())
+    for batch in batches:
+        if mark is None:
+            kids = [p.pid for p in mp.active_children()]
+            mark = (time.perf_counter(), time.process_time(), sum(_cpu_s(p) for p in kids))
         else:
             rows += len(batch)
         if rows >= limit:
             break
-    return rows, time.perf_counter() - t1, t1 - t0
+    wall, main_s = time.perf_counter() - mark[0], time.process_time() - mark[1]
+    worker_s = sum(_cpu_s(p) for p in kids) - mark[2]
+    batches.close()
+    return {
+        "rows_s": rows / wall,
+        "first_s": mark[0] - t0,
+        "worker_us": worker_s / rows * 1e6,
+        "main_us": main_s / rows * 1e6,
+    }
 
 
 MEM_CHILD = """
@@ -147,26 +188,69 @@ def main() -> None:
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in (a.data / "train").glob("*.parquet"))
     print(f"data: {a.data} ({total} train rows), timed passes of {a.limit} rows, {os.cpu_count()} cores")
 
-    runs: dict[str, list[float]] = {"raw": [], **{f"loader w{w}": [] for w in a.workers}}
-    startup: dict[str, list[float]] = {k: [] for k in runs if k != "raw"}
+    # Rounds of raw, w1, raw, w2, raw, ...: each loader run is compared with the mean of the raw
+    # scans just before and after it. This machine's speed drifts by +-15% within a minute, so a
+    # ratio of medians taken minutes apart would mostly measure the drift.
+    raws: list[float] = []
+    raw_cpu: list[float] = []
+    loaders: dict[int, list[dict]] = {w: [] for w in a.workers}
     for r in range(a.repeats):
-        for name in runs:
-            if name == "raw":
-                n, s = raw_scan(a.data, a.limit)
-                first = ""
-            else:
-                n, s, t_first = loader_scan(a.data, int(name.split("w")[1]), a.limit, a.batch_size)
-                startup[name].append(t_first)
-                first = f"   first batch after {t_first:.2f} s"
-            runs[name].append(n / s)
-            print(f"  round {r}: {name:10s} {n / s:12,.0f} rows/s{first}")
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    print("\nthroughput (median rows/s; loaders timed from their first batch)")
-    print(f"{'reader':12s} {'rows/s':>12s} {'vs raw':>8s} {'per worker vs raw':>18s} {'first batch s':>14s}")
-    for k, v in med.items():
-        w = 1 if k == "raw" else int(k.split("w")[1])
-        first = f"{statistics.median(startup[k]):14.2f}" if k in startup else f"{'':14s}"
-        print(f"{k:12s} {v:12,.0f} {v / med['raw']:8.2f} {v / w / med['raw']:18.2f} {first}")
+        for w in a.workers:
+            n, s, c = raw_scan(a.data, a.limit)
+            raws.append(n / s)
+            raw_cpu.append(c / n * 1e6)
+            run = loader_scan(a.data, w, a.limit, a.batch_size)
+            run["raw_before"] = raws[-1]
+            loaders[w].append(run)
+            print(
+                f"  round {r}: raw {raws[-1]:10,.0f} rows/s   loader w{w} {run['rows_s']:10,.0f} rows/s"
+                f"   first batch after {run['first_s']:.2f} s"
+            )
+    n, s, c = raw_scan(a.data, a.limit)
+    raws.append(n / s)
+    raw_cpu.append(c / n * 1e6)
+    for k, run in enumerate(run for r in range(a.repeats) for w in a.workers for run in [loaders[w][r]]):
+        run["raw_after"] = raws[k + 1]
+        run["ratio"] = run["rows_s"] / ((run["raw_before"] + run["raw_after"]) / 2)
+    parallel = {w: raw_parallel(a.data, a.limit, w) for w in a.workers if w > 1}
+
+    med = statistics.median
+    raw_us = med(raw_cpu)
+    print("\nthroughput (loaders timed from their first batch; ratios against the raw scans around each run)")
+    print(
+        f"{'reader':12s} {'rows/s':>10s} {'vs raw':>7s} {'per worker':>10s} {'spread':>11s} "
+        f"{'worker us/row':>13s} {'main us/row':>11s} {'first batch s':>13s}"
+    )
+    print(f"{'raw':12s} {med(raws):10,.0f} {1:7.2f} {1:10.2f} {'':11s} {raw_us:13.3f}")
+    summary = {"raw": {"rows_s": med(raws), "cpu_us_per_row": raw_us, "runs": raws}}
+    for w, runs in loaders.items():
+        ratios = [x["ratio"] for x in runs]
+        row = {
+            "rows_s": med(x["rows_s"] for x in runs),
+            "ratio": med(ratios),
+            "per_worker": med(ratios) / w,
+            "ratio_min_max": [min(ratios), max(ratios)],
+            "worker_us_per_row": med(x["worker_us"] for x in runs),  # each worker, per row it delivers
+            "main_us_per_row": med(x["main_us"] for x in runs),
+            "first_batch_s": med(x["first_s"] for x in runs),
+            "runs": runs,
+        }
+        summary[f"loader w{w}"] = row
+        print(
+            f"{'loader w' + str(w):12s} {row['rows_s']:10,.0f} {row['ratio']:7.2f} {row['per_worker']:10.2f} "
+            f"{min(ratios) / w:5.2f}-{max(ratios) / w:4.2f} {row['worker_us_per_row']:13.3f} "
+            f"{row['main_us_per_row']:11.3f} {row['first_batch_s']:13.2f}"
+        )
+    for w, v in parallel.items():
+        summary[f"raw x{w} in parallel"] = v
+        name = f"raw x{w} par."
+        print(f"{name:12s} {v:10,.0f} {v / med(raws):7.2f}   ({w} raw scans at once: these cores' ceiling)")
+    if 1 in loaders:
+        w_us = summary["loader w1"]["worker_us_per_row"]
+        print(
+            f"\nCPU per delivered row: one worker {w_us:.3f} us, the raw scan {raw_us:.3f} us: "
+            f"{raw_us / w_us:.2f} of a worker's time is the read itself"
+        )
 
     mem = [peak_memory(a.data, n, 2, a.batch_size) for n in a.memory_files]
     print("\npeak memory, 2 workers, full epoch")
@@ -177,7 +261,7 @@ def main() -> None:
         )
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"throughput": runs, "median": med, "first_batch_s": startup, "memory": mem}
+        out = {"throughput": summary, "memory": mem}
         a.json.write_text(json.dumps(out, indent=2))
 
 
