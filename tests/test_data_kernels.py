@@ -53,20 +53,26 @@ def reference(off, items, item_limit, cats, cat_limits, gaps, buckets, idx, L):
 
 
 def pad(off, items, item_limit, cats, cat_limits, gaps, buckets, idx, L, pos=None, n=None):
-    """The worker kernel (ragged events at batch rows ``pos``) then the training-process kernel
-    (padding), as ``Window.gather`` and ``BatchLayout.to_batch`` run them."""
+    """The decode-time mapping, the worker kernel (ragged events at batch rows ``pos``) then the
+    training-process kernel (padding), as ``Decoder``, ``Window.gather`` and
+    ``BatchLayout.to_batch`` run them."""
     C, B = len(cat_limits), len(idx)
     n = B if n is None else n
     pos = np.arange(B) if pos is None else pos
+    item_rows, cat_rows = np.empty(len(items), np.int32), np.empty(cats.shape, cats.dtype)
+    assert kernels.map_ids(items, item_limit, item_rows) == 0
+    for j in range(C):
+        assert kernels.map_ids(cats[j], cat_limits[j], cat_rows[j]) == 0
+    gap_rows = np.empty(len(gaps), np.uint8)
+    if buckets:
+        assert kernels.map_gaps(gaps, 60.0, buckets, gap_rows) == (0, 0)
     lens = np.zeros(n, np.int64)
     lens[pos] = np.minimum(off[idx + 1] - off[idx], L)
     start = np.cumsum(lens) - lens
     E = int(lens.sum())
     ev = np.full(E, -1, np.int32), np.full(E * C, -1, cats.dtype), np.full(E, 255, np.uint8)
     oov = np.zeros(1 + C, np.int64)
-    kernels.gather_events(
-        off, items, item_limit, cats, cat_limits, gaps, 60.0, buckets, L, idx, pos, start, *ev, oov
-    )
+    kernels.gather_events(off, item_rows, cat_rows, gap_rows, L, idx, pos, start, *ev, oov)
     out = (
         np.full((n, L), -1, np.int32),
         np.full((n, L, C), -1, cats.dtype),
@@ -120,11 +126,25 @@ def test_gap_buckets_are_exact_at_the_edges():
 
 def test_count_oov_counts_only_kept_events():
     off = np.array([0, 5, 6], np.int64)
-    items = np.array([99, 99, 1, 2, 3, 99], np.int32)  # row 0 keeps its last 3 events (L = 3)
-    cats = np.array([[7, 0, 0, 7, 0, 0]], np.int16)
+    items = np.array([0, 0, 2, 3, 4, 0], np.int32)  # rows; row 0 keeps its last 3 events (L = 3)
+    cats = np.array([[0, 1, 1, 0, 1, 1]], np.int16)
     oov = np.zeros(2, np.int64)
-    kernels.count_oov(off, items, 10, cats, np.array([5], np.int64), 3, oov)
+    kernels.count_oov(off, items, cats, 3, oov)
     assert oov.tolist() == [1, 1]
+
+
+def test_id_mapping_rejects_negative_ids_and_narrows():
+    out = np.empty(4, np.int8)
+    assert kernels.map_ids(np.array([0, 126, 127, 5000], np.int64), 127, out) == 0
+    assert out.tolist() == [1, 127, 0, 0]  # 127 and 5000 are OOV at vocab 127
+    assert kernels.map_ids(np.array([3, -2, 1], np.int32), 10, np.empty(3, np.int16)) == -2
+
+
+def test_gap_mapping_counts_bad_gaps():
+    gaps = np.array([0.0, -1.0, np.nan, np.inf, 59.0], np.float32)
+    out = np.empty(len(gaps), np.uint8)
+    assert kernels.map_gaps(gaps, 60.0, 8, out) == (2, 1)
+    assert out[[0, 4]].tolist() == [1, 1]
 
 
 def test_records_go_whole_to_their_positions_then_into_field_columns():
@@ -147,7 +167,7 @@ def test_records_go_whole_to_their_positions_then_into_field_columns():
 
 def test_events_go_to_the_rows_at_their_positions():
     off = np.array([0, 2, 3], np.int64)
-    items = np.array([4, 5, 6], np.int32)
+    items = np.array([4, 5, 6], np.int32)  # ids: rows 5, 6, 7
     cats = np.zeros((0, 3), np.int16)
     idx, pos = np.array([1, 0]), np.array([2, 0])  # window rows 1, 0 -> batch rows 2, 0
     item, _, _, mask, _ = pad(off, items, 10, cats, np.zeros(0, np.int64), np.zeros(0), 0, idx, 2, pos, n=3)

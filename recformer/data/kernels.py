@@ -84,55 +84,30 @@ def _prefetch_row(off, items, cats, gaps, i, L):
 
 
 @_jit
-def _map_ids(out, dst, vals, src, keep, limit):
-    """``out[dst + t]`` = table row of id ``vals[src + t]`` (``id + 1``, or 0 when ``id >= limit``)
-    for ``t < keep``. Returns the OOV count."""
+def _copy_rows(out, dst, rows, src, keep):
+    """``out[dst + t] = rows[src + t]`` for ``t < keep``; returns how many are OOV (row 0)."""
     n_oov = 0
     for t in range(keep):
-        v = vals[src + _U(t)]
-        ok = v < limit
-        out[dst + _U(t)] = v + 1 if ok else 0
-        n_oov += not ok
+        v = rows[src + _U(t)]
+        out[dst + _U(t)] = v
+        n_oov += v == 0
     return n_oov
 
 
 @_jit
-def gather_events(
-    off,
-    items,
-    item_limit,
-    cats,
-    cat_limits,
-    gaps,
-    unit_s,
-    gap_buckets,
-    L,
-    idx,
-    pos,
-    start,
-    out_item,
-    out_cat,
-    out_gap,
-    oov,
-):
+def gather_events(off, items, cats, gaps, L, idx, pos, start, out_item, out_cat, out_gap, oov):
     """Worker side: the newest ``keep = min(len, L)`` events of window row ``idx[r]`` become events
-    ``start[pos[r]] .. + keep`` of the batch's ragged event arrays, for every ``r``, mapped to table
-    rows; adds the OOV counts to ``oov`` ([1 + C]: items, then each event categorical).
+    ``start[pos[r]] .. + keep`` of the batch's ragged event arrays, for every ``r``; adds the OOV
+    counts to ``oov`` ([1 + C]: items, then each event categorical).
 
-    - ``items`` [N] raw item ids (checked >= 0): row ``id + 1``, or OOV row 0 when ``id >= item_limit``;
-    - ``cats`` [C, N] raw event-categorical ids (field-major), the same rule with ``cat_limits[j]``,
-      written event-major (``out_cat`` [E * C]: event ``e``'s field ``j`` at ``e * C + j``);
-    - ``gaps`` [N] seconds (checked finite, >= 0): bucket row
-      ``1 + min(floor(log2(1 + gap / unit_s)), gap_buckets - 1)``, the floor of log2 read from the
-      exponent of ``1 + gap / unit_s`` in float64 (exact for float32 gaps; a float64 gap within
-      ~1e-16 relative of an edge can round up into the next bucket); ``gap_buckets == 0`` (no gap
-      column) writes 0.
+    The window's events are table rows already (``map_ids``, ``map_gaps`` at decode): ``items``
+    [N], ``cats`` [C, N] (field-major; written event-major, event ``e``'s field ``j`` at
+    ``out_cat[e * C + j]``), ``gaps`` [N] bucket rows, or [0] without a time-gap column (0s).
 
     Inner loops index with unsigned ints (``_U``): numba then skips its negative-index wraparound
     test, which otherwise stops LLVM from vectorising them (3x on the item loop).
     """
     B, C = idx.shape[0], cats.shape[0]
-    top = gap_buckets - 1
     n_item = 0
     n_cat = np.zeros(C, np.int64)
     for r in range(min(_PREFETCH_ROWS, B)):
@@ -145,22 +120,20 @@ def gather_events(
         keep = min(end - off[i], L)
         src = _U(end - keep)  # event t of the row is src + t
         s = _U(start[pos[r]])
-        n_item += _map_ids(out_item, s, items, src, keep, item_limit)
+        n_item += _copy_rows(out_item, s, items, src, keep)
         if C == 1:  # the common case: a unit-stride loop, which LLVM vectorises
-            n_cat[0] += _map_ids(out_cat, s, cats[0], src, keep, cat_limits[0])
+            n_cat[0] += _copy_rows(out_cat, s, cats[0], src, keep)
         else:
             for j in range(C):
-                limit, src_j, count = cat_limits[j], cats[j], 0
+                src_j, count = cats[j], 0
                 for t in range(keep):
                     c = src_j[src + _U(t)]
-                    ok = c < limit
-                    out_cat[(s + _U(t)) * C + j] = c + 1 if ok else 0
-                    count += not ok
+                    out_cat[(s + _U(t)) * C + j] = c
+                    count += c == 0
                 n_cat[j] += count
-        if gap_buckets:
+        if gaps.shape[0]:
             for t in range(keep):
-                e = (_float_bits(1.0 + gaps[src + _U(t)] / unit_s) >> 52) - 1023
-                out_gap[s + _U(t)] = min(e, top) + 1
+                out_gap[s + _U(t)] = gaps[src + _U(t)]
         else:
             for t in range(keep):
                 out_gap[s + _U(t)] = 0
@@ -205,25 +178,34 @@ def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_ma
 
 
 @_jit
-def clip_ids(ids, top, out):
-    """``out[i] = min(ids[i], top)`` (``out`` may be narrower than ``ids``: ``top`` fits it), in the
-    same pass as the range check: returns ``min(0, min(ids))``, negative when any id is."""
+def map_ids(ids, limit, out):
+    """Decode side, one sequential pass over a window's events: ``out[i]`` = table row of id
+    ``ids[i]`` (``id + 1``, or the OOV row 0 when ``id >= limit``; ``out`` may be narrower than
+    ``ids``: rows <= ``limit`` fit it). Returns ``min(0, min(ids))``, negative when any id is (the
+    caller rejects those)."""
     lo = 0
     for i in range(ids.shape[0]):
         v = ids[_U(i)]
         lo = min(lo, v)
-        out[_U(i)] = min(v, top)
+        out[_U(i)] = v + 1 if v < limit else 0
     return lo
 
 
 @_jit
-def bad_gaps(gaps):
-    """(non-finite, negative) counts of float gaps, in one pass."""
+def map_gaps(gaps, unit_s, buckets, out):
+    """Decode side: ``out[i]`` = bucket row of gap ``gaps[i]`` seconds,
+    ``1 + min(floor(log2(1 + gap / unit_s)), buckets - 1)``, the floor of log2 read from the exponent
+    of ``1 + gap / unit_s`` in float64 (exact for float32 gaps; a float64 gap within ~1e-16
+    relative of an edge can round up into the next bucket). Returns the (non-finite, negative)
+    counts, which the caller rejects; their rows are meaningless."""
+    top = buckets - 1
     nonfinite, negative = 0, 0
     for i in range(gaps.shape[0]):
-        g = gaps[_U(i)]
+        g = np.float64(gaps[_U(i)])
         nonfinite += not np.isfinite(g)
         negative += g < 0
+        e = (_float_bits(1.0 + g / unit_s) >> 52) - 1023
+        out[_U(i)] = min(max(e, 0), top) + 1
     return nonfinite, negative
 
 
@@ -237,21 +219,21 @@ def put_words(rows, at, src):
 
 
 @_jit
-def count_oov(off, items, item_limit, cats, cat_limits, L, oov):
-    """Add to ``oov`` the OOV values among the kept (newest ``L``) events of every row."""
+def count_oov(off, items, cats, L, oov):
+    """Add to ``oov`` the OOV rows (0) among the kept (newest ``L``) events of every row."""
     C = cats.shape[0]
     for i in range(off.shape[0] - 1):
         end = off[i + 1]
         for s in range(end - min(end - off[i], L), end):
-            if items[s] >= item_limit:
+            if items[s] == 0:
                 oov[0] += 1
             for j in range(C):
-                if cats[j, s] >= cat_limits[j]:
+                if cats[j, s] == 0:
                     oov[1 + j] += 1
 
 
 def bucket_gaps(gaps: np.ndarray, unit_s: float, buckets: int) -> np.ndarray:
-    """``gather_events``'s time-gap rule on a flat array, in numpy (for tests and summaries)."""
+    """``map_gaps``'s time-gap rule on a flat array, in numpy (for tests and summaries)."""
     e = np.frexp(1.0 + gaps.astype(np.float64) / unit_s)[1] - 1
     return np.minimum(e, buckets - 1) + 1
 
