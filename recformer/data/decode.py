@@ -309,8 +309,7 @@ class Window:
         lens = np.zeros(len(idx), np.int64)
         for decoded, rows, pos in pieces:
             if decoded.hist:
-                off = decoded.hist.off
-                lens[pos] = np.minimum(off[rows + 1] - off[rows], lay.max_len)
+                kernels.kept_lengths(decoded.hist.off, rows, pos, lay.max_len, lens)
         ends = np.cumsum(lens)
         out = PackedBatch.empty(lay.transit(len(idx), int(ends[-1]) if len(idx) else 0), buffer)
         views = out.arrays()

@@ -143,6 +143,14 @@ def gather_events(off, items, cats, gaps, L, idx, pos, start, out_item, out_cat,
 
 
 @_jit
+def kept_lengths(off, idx, pos, L, lens):
+    """``lens[pos[r]]`` = events window row ``idx[r]`` keeps, ``min(len, L)``."""
+    for r in range(idx.shape[0]):
+        i = idx[r]
+        lens[pos[r]] = min(off[i + 1] - off[i], L)
+
+
+@_jit
 def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_mask):
     """Training-process side: batch row ``r``'s ``lens[r]`` events (consecutive in the ragged
     ``ev_*`` arrays, rows in order) go to slots ``L - lens[r] .. L - 1`` of ``out_*`` row ``r``;
