@@ -3,28 +3,41 @@
     python bench/bench_loader.py --data /tmp/bench_synth            # makes the data if missing
     python bench/bench_loader.py --data /tmp/bench_synth --rows 5000000 --json bench/out/loader.json
 
-Side by side in one run, interleaved over ``--repeats`` rounds, medians reported:
+Side by side in one run, over ``--repeats`` rounds of raw, w1, raw, w2, ..., raw:
 - ``raw``: ``ParquetFile.read_row_group(columns=spec columns, use_threads=False)`` over every row
   group: the single-thread ceiling of reading these files on this machine (decode included, no
   batching, no tensors).
-- ``loader wN``: ``RecDataModule.train_dataloader()`` with N workers: shuffled windows, decoding,
-  padded batches written into shared slots, ``Batch`` objects delivered to the training process.
-  Timed from its first batch; the time to the first batch (worker start, first read) is printed
-  apart.
+- ``loader wN``: ``RecDataModule.train_dataloader()`` with N forked workers: shuffled windows,
+  decoding, batches cut into shared slots, padded ``Batch`` objects in the training process. Timed
+  from its first batch; the time to the first batch (worker start, first read) is printed apart.
+- ``vs raw``: each loader run against the mean of the raw scans just before and after it, then the
+  median over rounds (``spread``: min-max per worker). This machine's speed drifts by +-15% within a
+  minute; a ratio of medians taken minutes apart mostly measured the drift.
+- ``worker us/row``: CPU (utime + stime, /proc) each worker spends per row it delivers, from the
+  first batch on; ``raw``'s is the scan's CPU per row. Their ratio is the per-worker figure a
+  machine with a core per worker would show, without the clock drift.
+- ``raw xN par.``: N raw scans in N processes at once: what these cores read together.
 The target is >= 0.7 of the raw rows/s *per worker*. Each worker is one process on one core, and the
-training process needs a core too: on a 2-core machine two workers cannot reach it by construction.
+training process needs a share of a core too (``main us/row``): on a 2-core machine two workers run
+on cores the training process also uses.
 
 Memory: peak RSS of the training process plus its workers while streaming the first 1, 2, ... files
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
-Measured 2026-11-30 on the 2-core dev machine (``--limit 1000000 --repeats 3``, 5M rows), final
-code: raw 666k rows/s; 1 worker 429k (0.64); 2 workers 621k (0.93, 0.47 per worker); first batch
-after 0.13-0.15 s; peak memory 1748 / 1791 / 1817 MB for 1 / 2 / 5M rows. Two earlier runs of this
-session gave 0.56-0.61 (1 worker) and 0.86-0.90 (2 workers): the loader's own rows/s repeat (~400-430k
-and ~610k), the raw scan swings (552k-760k between rounds of one run). Before the compiled kernels
-and shared slots: 1 worker 0.43, 2 workers 0.47. Where a worker's time goes (cProfile in the worker,
-per row): Parquet read 1.4-1.6 us (the same call as the raw scan, ~10% slower in a forked child than
-in the parent), decode and checks 0.2-0.3, history kernel 0.22-0.28, per-row records 0.11-0.13.
+Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on average, 31% at the
+100 cap), ``--limit 1000000 --repeats 5 --memory-files 1 2 5``:
+
+| reader | rows/s | vs raw | per worker (spread) | CPU us/row | training process us/row |
+| --- | --- | --- | --- | --- | --- |
+| raw | 608k | 1.00 | 1.00 | 1.64 | |
+| loader w1 | 431k | 0.71 | 0.71 (0.67-0.81) | 2.29 | 0.24 |
+| loader w2 | 611k | 0.99 | 0.49 (0.46-0.52) | 2.64 | 0.22 |
+| raw x2 in parallel | 1268k | 2.08 | | | |
+
+First batch after 0.12-0.14 s; peak memory 1697 / 1751 / 1782 MB for 1 / 2 / 5M rows. Three shorter
+runs the same day (``--repeats 3``) gave 1 worker 0.68-0.76 and 2 workers 1.04-1.15 together.
+Before this round of work (same machine and data): 1 worker 0.64, 2 workers 0.93 together; before
+the compiled kernels 0.43 and 0.47.
 """
 
 from __future__ import annotations

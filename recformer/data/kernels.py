@@ -5,9 +5,10 @@ The history columns dominate both the bytes and the work of a batch (up to ``L``
 against a dozen scalars). A batch crosses from a worker to the training process *ragged*
 (``BatchLayout.transit``), and is padded on arrival:
 
-- worker (``gather_records``, ``gather_events``): each batch row's record is copied whole, and its
-  newest ``keep = min(len, L)`` events are read once from the window's Arrow value buffers
-  (zero-copy), mapped to table rows (OOV counted) and gap-bucketed, and written consecutively;
+- decode (``map_ids``, ``map_gaps``, ``put_words``): once per row group, in sequential passes that
+  also check the values, history ids become table rows and gaps bucket rows, in narrow dtypes;
+- worker (``kept_lengths``, ``gather_records``, ``gather_events``): each batch row's record is copied
+  whole, and its newest ``keep = min(len, L)`` events are copied consecutively (OOV counted);
 - training process (``scatter_records``, ``pad_events``): records become field columns and each
   row's events go to slots ``L - keep .. L - 1`` behind zero / False padding. This replaces the copy
   out of the worker's shared slot that the training process made anyway, and reads fewer bytes.
@@ -16,12 +17,13 @@ Inputs: ``off`` (int64 [S + 1]) are the window's list offsets, shared by every h
 (aligned lists have equal lengths, checked at decode); ``idx`` holds the window rows of the batch in
 batch order.
 
-Measured on the 2-core dev machine (``bench/bench_loader.py``: 100-event cap, 32 events per row on
-average): a shuffled batch's rows sit at random places in a window of tens of MB, so the plain loop
-waits on memory for every row; prefetching the rows a few ahead (``_PREFETCH_ROWS``) hides that
-latency (0.25 -> 0.10 us/row for the item column). Writing padded rows in the worker cost it about
-0.6 us/row, ragged about 0.3-0.35 (a third of the bytes written: padding is most of a padded row);
-padding on arrival costs the training process what its copy out of the slot cost (~0.1 us/row).
+Measured on the 2-core dev machine (``bench/bench_loader.py``: 100-event cap, 64 events per row on
+average, 31% of rows at the cap): a shuffled batch's rows sit at random places in a window of tens of
+MB, so the plain loop waits on memory for every row; prefetching the rows a few ahead
+(``_PREFETCH_ROWS``) hides that latency (0.25 -> 0.10 us/row for the item column). A worker's cut of
+a batch cost 0.6-0.7 us/row while it wrote padded rows and mapped ids per batch; ragged, from rows
+mapped at decode, 0.19-0.24. Padding on arrival costs the training process about what its copy out
+of the slot cost (~0.08 us/row).
 """
 
 from __future__ import annotations
