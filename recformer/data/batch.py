@@ -91,8 +91,8 @@ class PackedBatch:
     Measured on the 2-core dev machine (0.85 MB batch): a tensor crossing the worker queue is moved
     to a fresh shared-memory segment, ~11 ms per segment, so a 13-tensor Batch made the queue the
     bottleneck. So a worker writes the whole batch into one byte buffer: a reusable shared slot
-    when it was forked (``ring.SlotRing``; only the slot number crosses the queue), otherwise a
-    numpy buffer pickled through the queue's pipe. The training process turns it into a Batch in
+    when it was forked (``ring.SlotRing``: only a semaphore post crosses), otherwise a numpy buffer
+    pickled through the DataLoader queue's pipe. The training process turns it into a Batch in
     one fresh (pinned, when the loader pins) buffer: ``BatchLayout.to_batch``.
     """
 

@@ -487,8 +487,7 @@ class Decoder:
         return vals.reshape(len(arr), dim)
 
     def _sequence(self, col, n: int, where: Where) -> History | None:
-        """The history columns, checked and still ragged: ids as the data holds them (string
-        vocabularies mapped to ids, unknown strings to ``vocab_size``), gaps in seconds."""
+        """The history columns, checked and still ragged, as table rows (see ``History``)."""
         s = self.spec.sequence
         if s is None:
             return None

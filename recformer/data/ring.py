@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +55,10 @@ _POLL_S = 0.1
 
 
 class SlotRing:
+    """Per worker, ``slots`` fixed buffers in one shared anonymous mapping, used in turn, with a
+    ``free`` semaphore (the worker waits on it) and a ``filled`` one (the training process waits on
+    it), and a small header per slot saying what the worker left in it."""
+
     def __init__(self, ctx: Any, workers: int, slots: int, slot_bytes: int, layout: BatchLayout | None):
         """``ctx``: a multiprocessing context that starts workers by fork; ``layout``: the stream's,
         to turn the slots' batches into Batches."""
@@ -164,8 +169,6 @@ class WorkerPool:
         init_fn: Callable[[int], None] | None = None,
         timeout: float = 0.0,
     ):
-        import multiprocessing as mp
-
         self.ctx = mp.get_context("fork")
         self.stream, self.workers, self.pin, self.timeout = stream, workers, pin, timeout
         stream.warm_up()  # kernels loaded here once, inherited by every worker
@@ -189,7 +192,7 @@ class WorkerPool:
                 taken[w] += 1
                 head = ring.header(w, slot)
                 if head == _ERROR:
-                    self._errors.get().reraise()
+                    self._reraise(w)
                 if head == _END:
                     ring.release(w)
                     active.pop(i)
@@ -216,6 +219,14 @@ class WorkerPool:
                 raise RuntimeError(
                     f"DataLoader timed out after {self.timeout} s waiting for worker process {worker}"
                 )
+
+    def _reraise(self, worker: int) -> None:
+        """Raise the error a worker reported (it sends it right after the header that says so)."""
+        while self._errors.empty():
+            if not self._procs[worker].is_alive() and self._errors.empty():
+                raise RuntimeError(f"DataLoader worker process {worker} failed and exited before saying why")
+            time.sleep(0.01)
+        self._errors.get().reraise()
 
     def close(self) -> None:
         """Stop the workers (those waiting for a slot exit at once) and free the ring. Idempotent."""
