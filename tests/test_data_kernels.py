@@ -234,6 +234,21 @@ def test_forked_workers_ship_through_slots_and_batches_stay_intact(tiny_data, mo
     assert not ring._RINGS  # closed at the end of the epoch
 
 
+def test_forked_workers_leave_the_training_rng_as_the_dataloader_does(tiny_data, monkeypatch):
+    """A DataLoader iterator draws its workers' base seed from the training process's RNG; the pool
+    makes the same draw, so dropout and the rest of a run see the same random stream either way."""
+
+    def rng_after_an_epoch() -> float:
+        torch.manual_seed(0)
+        all_batches(module(tiny_data, 2).train_dataloader())
+        return torch.rand(1).item()
+
+    with monkeypatch.context() as m:
+        m.setattr(RecDataLoader, "_pool", lambda self, layout, pin: None)
+        want = rng_after_an_epoch()
+    assert rng_after_an_epoch() == want
+
+
 def test_spawned_workers_use_the_pipe_and_agree(tiny_data):
     want = all_batches(module(tiny_data, 2).train_dataloader())  # forked: through the slots
     stream = module(tiny_data, 2)._stream("train", train=True)

@@ -119,7 +119,14 @@ class RecDataLoader(DataLoader):
         # training process takes one out.
         slots = (self.prefetch_factor or 2) + 2
         return WorkerPool(
-            self.stream, self.num_workers, slots, layout, pin, self.worker_init_fn, self.timeout
+            self.stream,
+            self.num_workers,
+            slots,
+            layout,
+            pin,
+            self.worker_init_fn,
+            self.timeout,
+            self.generator,
         )
 
     def _fingerprint(self) -> dict[str, int]:

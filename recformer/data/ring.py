@@ -28,6 +28,7 @@ import itertools
 import mmap
 import multiprocessing as mp
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.worker import _generate_state
 
 from recformer.data.batch import Batch, PackedBatch
 
@@ -128,10 +130,20 @@ class SlotRing:
 
 
 def _work(
-    ring: SlotRing, stream: ParquetStream, worker: int, errors: Any, init_fn: Callable[[int], None] | None
+    ring: SlotRing,
+    stream: ParquetStream,
+    worker: int,
+    base_seed: int,
+    errors: Any,
+    init_fn: Callable[[int], None] | None,
 ) -> None:
     """A worker process: this worker's batches of the stream, each into the next free slot."""
     torch.set_num_threads(1)
+    # Seeded as the DataLoader seeds its workers (the stream itself needs no RNG: its shuffles are
+    # seeded by (seed, epoch, rank, worker, window)).
+    random.seed(base_seed + worker)
+    torch.manual_seed(base_seed + worker)
+    np.random.seed(_generate_state(base_seed, worker))
     slot = None  # a slot taken and not yet handed over
     try:
         if init_fn is not None:
@@ -168,14 +180,20 @@ class WorkerPool:
         pin: bool = False,
         init_fn: Callable[[int], None] | None = None,
         timeout: float = 0.0,
+        generator: torch.Generator | None = None,
     ):
         self.ctx = mp.get_context("fork")
+        # One draw from the training process's RNG per epoch, as a DataLoader iterator makes: the
+        # model's RNG stream (dropout, ...) then does not depend on which worker path ran.
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self.stream, self.workers, self.pin, self.timeout = stream, workers, pin, timeout
         stream.warm_up()  # kernels loaded here once, inherited by every worker
         self.ring = SlotRing(self.ctx, workers, slots, stream.batch_bytes(), layout)
         self._errors = self.ctx.SimpleQueue()
         self._procs = [
-            self.ctx.Process(target=_work, args=(self.ring, stream, w, self._errors, init_fn), daemon=True)
+            self.ctx.Process(
+                target=_work, args=(self.ring, stream, w, base_seed, self._errors, init_fn), daemon=True
+            )
             for w in range(workers)
         ]
 
