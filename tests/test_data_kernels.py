@@ -140,6 +140,20 @@ def test_id_mapping_rejects_negative_ids_and_narrows():
     assert kernels.map_ids(np.array([3, -2, 1], np.int32), 10, np.empty(3, np.int16)) == -2
 
 
+def test_unsigned_ids_map_like_signed_ones():
+    """uint64 against the int64 limit: numba compares them as floats, exact for these."""
+    out = np.full(4, -9, np.int16)
+    assert kernels.map_ids(np.array([2**63 + 5, 3, 2**64 - 1, 9], np.uint64), 10, out) == 0
+    assert out.tolist() == [0, 4, 0, 10]
+
+
+def test_a_record_batch_without_rows_decodes_to_an_empty_window():
+    t = log_table(20, 0, seed=4)
+    empty = pa.RecordBatch.from_arrays([c.combine_chunks().slice(0, 0) for c in t.columns], schema=t.schema)
+    d = decode_table(tiny_spec(), empty)
+    assert len(d) == 0 and len(d.gather(np.arange(0))) == 0
+
+
 def test_gap_mapping_counts_bad_gaps():
     gaps = np.array([0.0, -1.0, np.nan, np.inf, 59.0], np.float32)
     out = np.empty(len(gaps), np.uint8)
@@ -268,6 +282,33 @@ def test_an_abandoned_epoch_stops_its_workers_and_frees_its_ring(tiny_data):
     assert not ring._RINGS
     assert not any(p.is_alive() for p in workers)
     assert len(all_batches(loader)) == 17  # the next epoch runs normally
+
+
+def test_abandoning_an_epoch_stops_a_busy_worker_at_once(tiny_data, monkeypatch):
+    """A worker deep in a read when the epoch is abandoned is killed, even when it inherited a
+    SIGTERM handler that ignores the signal (as Lightning installs in the training process)."""
+    from recformer.data.dataset import ParquetStream
+
+    batches = ParquetStream.worker_batches
+
+    def slow(self, wid, nw):
+        for k, b in enumerate(batches(self, wid, nw)):
+            if wid == 1 and k == 1:
+                time.sleep(60)
+            yield b
+
+    monkeypatch.setattr(ParquetStream, "worker_batches", slow)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        it = iter(module(tiny_data, 2).train_dataloader())
+        next(it), next(it), next(it)  # worker 0, worker 1, worker 0; worker 1 is now asleep
+        workers = multiprocessing.active_children()
+        start = time.monotonic()
+        it.close()
+        assert time.monotonic() - start < 3
+        assert not any(p.is_alive() for p in workers)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.mark.parametrize("where", ["reading", "gathering"])

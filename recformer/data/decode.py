@@ -457,8 +457,8 @@ class Decoder:
         words = decoded.rows.view(np.uint32)
         for name, x in dict(values, emb=emb, keys=keys, row_oov=row_oov).items():
             # A compiled copy into the records: numpy's strided assignment cost 8 ns per row and field.
-            offset, dtype, _ = self.layout.record[name]
-            src = np.ascontiguousarray(x.reshape(n, -1), dtype=dtype).view(np.uint32)
+            offset, dtype, shape = self.layout.record[name]
+            src = np.ascontiguousarray(x.reshape(n, math.prod(shape)), dtype=dtype).view(np.uint32)
             kernels.put_words(words, offset // 4, src)
         return decoded
 

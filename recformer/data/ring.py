@@ -29,6 +29,7 @@ import mmap
 import multiprocessing as mp
 import os
 import random
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import worker as worker_state
 from torch.utils.data._utils.worker import _generate_state
 
 from recformer.data.batch import Batch, PackedBatch
@@ -71,19 +73,25 @@ class SlotRing:
         self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self._map = mmap.mmap(-1, self.slot_bytes * slots * workers)  # MAP_SHARED | MAP_ANONYMOUS
         self._mem = np.frombuffer(self._map, dtype=np.uint8)
-        self._head_map = mmap.mmap(-1, 16 * slots * workers)
-        self._head = np.frombuffer(self._head_map, dtype=np.int64).reshape(workers, slots, 2)
+        self._head_map = mmap.mmap(-1, 16 * slots * workers + 8)
+        words = np.frombuffer(self._head_map, dtype=np.int64)
+        self._head = words[:-1].reshape(workers, slots, 2)
         """Per slot: (rows, history events) of the batch in it, or (_END / _ERROR, 0)."""
+        self._stop = words[-1:]
+        """Nonzero once the epoch is abandoned: a plain shared word, not a multiprocessing Event,
+        whose lock a worker killed while holding it would leave taken."""
         self._free = [ctx.Semaphore(slots) for _ in range(workers)]
         self._filled = [ctx.Semaphore(0) for _ in range(workers)]
-        self._stop = ctx.Event()
         self._next = [0] * workers
         self._parent = os.getpid()
         _RINGS[self.id] = self
 
     def stop(self) -> None:
-        """Tell workers waiting for a slot to exit (the epoch's iterator is being torn down)."""
-        self._stop.set()
+        """Tell the workers to exit at their next slot (the epoch's iterator is being torn down)."""
+        self._stop[0] = 1
+
+    def stopped(self) -> bool:
+        return bool(self._stop[0])
 
     def close(self) -> None:
         _RINGS.pop(self.id, None)
@@ -94,10 +102,10 @@ class SlotRing:
 
     # -- worker side ---------------------------------------------------------------------------
     def acquire(self, worker: int) -> tuple[int, np.ndarray]:
-        """The worker's next slot, once the training process has freed it."""
-        while not self._free[worker].acquire(timeout=_POLL_S):
-            # The epoch was abandoned, or the training process is gone: exit quietly.
-            if self._stop.is_set() or os.getppid() != self._parent:
+        """The worker's next slot, once the training process has freed it. Raises SystemExit
+        when the epoch was abandoned or the training process is gone (the worker exits quietly)."""
+        while self.stopped() or not self._free[worker].acquire(timeout=_POLL_S):
+            if self.stopped() or os.getppid() != self._parent:
                 raise SystemExit(0)
         k = self._next[worker]
         self._next[worker] = (k + 1) % self.slots
@@ -138,12 +146,21 @@ def _work(
     init_fn: Callable[[int], None] | None,
 ) -> None:
     """A worker process: this worker's batches of the stream, each into the next free slot."""
+    # Handlers inherited from the training process (Lightning's SIGTERM handler, Python's
+    # KeyboardInterrupt) are not the worker's: the training process stops it (``close``), and
+    # Ctrl-C reaches the training process, which does.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    # Seeded as the DataLoader seeds its workers (the stream itself needs no RNG: its shuffles are
-    # seeded by (seed, epoch, rank, worker, window)).
-    random.seed(base_seed + worker)
-    torch.manual_seed(base_seed + worker)
+    # Seeded and described as the DataLoader does its workers (the stream itself needs no RNG:
+    # its shuffles are seeded by (seed, epoch, rank, worker, window)).
+    seed = base_seed + worker
+    random.seed(seed)
+    torch.manual_seed(seed)
     np.random.seed(_generate_state(base_seed, worker))
+    worker_state._worker_info = worker_state.WorkerInfo(
+        id=worker, num_workers=ring.workers, seed=seed, dataset=stream
+    )
     slot = None  # a slot taken and not yet handed over
     try:
         if init_fn is not None:
@@ -163,7 +180,7 @@ def _work(
         if slot is None:
             slot, _ = ring.acquire(worker)
         ring.publish(worker, slot, _ERROR)
-        errors.put(error)  # after the header: the training process reads it only once it is there
+        errors.put((worker, error))  # after the header: the training process reads it only then
 
 
 class WorkerPool:
@@ -190,6 +207,8 @@ class WorkerPool:
         stream.warm_up()  # kernels loaded here once, inherited by every worker
         self.ring = SlotRing(self.ctx, workers, slots, stream.batch_bytes(), layout)
         self._errors = self.ctx.SimpleQueue()
+        self._reported: dict[int, ExceptionWrapper] = {}
+        self._closed = False
         self._procs = [
             self.ctx.Process(
                 target=_work, args=(self.ring, stream, w, base_seed, self._errors, init_fn), daemon=True
@@ -239,20 +258,29 @@ class WorkerPool:
                 )
 
     def _reraise(self, worker: int) -> None:
-        """Raise the error a worker reported (it sends it right after the header that says so)."""
-        while self._errors.empty():
-            if not self._procs[worker].is_alive() and self._errors.empty():
+        """Raise the error ``worker`` reported (it sends it right after the header that says so;
+        other failing workers' errors may come first)."""
+        while worker not in self._reported:
+            if not self._errors.empty():
+                w, error = self._errors.get()
+                self._reported[w] = error
+            elif not self._procs[worker].is_alive() and self._errors.empty():
                 raise RuntimeError(f"DataLoader worker process {worker} failed and exited before saying why")
-            time.sleep(0.01)
-        self._errors.get().reraise()
+            else:
+                time.sleep(0.01)
+        self._reported[worker].reraise()
 
     def close(self) -> None:
-        """Stop the workers (those waiting for a slot exit at once) and free the ring. Idempotent."""
+        """Stop the workers (each exits at its next slot, at once when it is waiting for one) and
+        free the ring. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self.ring.stop()
         for p in self._procs:
             if p.pid is not None and p.exitcode is None:
                 p.join(timeout=2 * _POLL_S)
-                if p.is_alive():  # busy reading: nothing it writes matters any more
-                    p.terminate()
+                if p.is_alive():  # still reading a window: nothing it writes matters any more
+                    p.kill()
                     p.join()
         self.ring.close()
