@@ -25,19 +25,21 @@ Memory: peak RSS of the training process plus its workers while streaming the fi
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
 Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on average, 31% at the
-100 cap), ``--limit 1000000 --repeats 5 --memory-files 1 2 5``:
+100 cap), ``--limit 1000000 --repeats 5 --memory-files 1 2 5``, at commit 53757a8 (the later commits
+touch only the pool's error and shutdown paths):
 
-| reader | rows/s | vs raw | per worker (spread) | CPU us/row | training process us/row |
+| reader | rows/s | vs raw | per worker (spread over rounds) | CPU us/row | training process us/row |
 | --- | --- | --- | --- | --- | --- |
-| raw | 608k | 1.00 | 1.00 | 1.64 | |
-| loader w1 | 431k | 0.71 | 0.71 (0.67-0.81) | 2.29 | 0.24 |
-| loader w2 | 611k | 0.99 | 0.49 (0.46-0.52) | 2.64 | 0.22 |
-| raw x2 in parallel | 1268k | 2.08 | | | |
+| raw | 719k | 1.00 | 1.00 | 1.39 | |
+| loader w1 | 522k | 0.71 | 0.71 (0.59-0.75) | 1.91 | 0.22 |
+| loader w2 | 729k | 1.00 | 0.50 (0.41-0.55) | 2.18 | 0.17 |
+| raw x2 in parallel | 1405k | 1.95 | | | |
 
-First batch after 0.12-0.14 s; peak memory 1697 / 1751 / 1782 MB for 1 / 2 / 5M rows. Three shorter
-runs the same day (``--repeats 3``) gave 1 worker 0.68-0.76 and 2 workers 1.04-1.15 together.
-Before this round of work (same machine and data): 1 worker 0.64, 2 workers 0.93 together; before
-the compiled kernels 0.43 and 0.47.
+CPU per delivered row: 0.73 of a worker's time is the read itself. First batch after 0.11-0.15 s
+(0.47 s in the first round, cold). Peak memory 1711 / 1756 / 1822 MB for 1 / 2 / 5M rows. An
+earlier full run the same day (commit a839197) gave 1 worker 0.71 (0.67-0.81), 2 workers 0.99
+together, memory 1697-1782 MB. Before this round of work (same machine and data): 1 worker 0.64, 2
+workers 0.93 together; before the compiled kernels 0.43 and 0.47.
 """
 
 from __future__ import annotations
