@@ -81,33 +81,34 @@ def test_negative_ids(data):
     assert str(p) in msg and "'item_id'" in msg
 
 
-def test_negative_ids_inside_history(data):
+def set_history_event(data, column: str, value_type, value, newest: bool = False) -> tuple:
+    """Set the oldest (or newest) event of the first (or last) non-empty history row of
+    ``column`` in the target file to ``value``; returns the file and that row."""
     p, t = target(data)
-    h = t["hist_items"].to_pylist()
-    first = next(i for i, x in enumerate(h) if x)
-    h[first][0] = -1
-    replace_file(p, set_col(t, "hist_items", pa.array(h, pa.list_(pa.int32()))))
+    rows = t[column].to_pylist()
+    nonempty = [i for i, x in enumerate(rows) if x]
+    row = nonempty[-1] if newest else nonempty[0]
+    rows[row][-1 if newest else 0] = value
+    replace_file(p, set_col(t, column, pa.array(rows, pa.list_(value_type))))
+    return p, row
+
+
+def test_negative_ids_inside_history(data):
+    p, _ = set_history_event(data, "hist_items", pa.int32(), -1)
     assert str(p) in setup_error(data, "'hist_items'.*negative")
 
 
 def test_negative_event_categorical_inside_history(data):
-    p, t = target(data)
-    a = t["hist_actions"].to_pylist()
-    last = max(i for i, x in enumerate(a) if x)
-    a[last][-1] = -2
-    replace_file(p, set_col(t, "hist_actions", pa.array(a, pa.list_(pa.int8()))))
+    p, _ = set_history_event(data, "hist_actions", pa.int8(), -2, newest=True)
     assert str(p) in setup_error(data, "'hist_actions'.*negative")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_time_gap(data, bad):
-    p, t = target(data)
-    g = t["hist_gaps"].to_pylist()
-    first = next(i for i, x in enumerate(g) if x)
-    g[first][0] = bad  # the oldest event: checked even when a batch would not keep it
-    replace_file(p, set_col(t, "hist_gaps", pa.array(g, pa.list_(pa.float32()))))
+    # The oldest event: checked even when a batch would not keep it.
+    p, row = set_history_event(data, "hist_gaps", pa.float32(), bad)
     msg = setup_error(data, "'hist_gaps' has NaN or Inf")
-    assert str(p) in msg and f"first at batch row {first}" in msg
+    assert str(p) in msg and f"first at batch row {row}" in msg
 
 
 def test_nan_in_dense(data):
@@ -147,11 +148,7 @@ def test_misaligned_list_columns(data):
 
 
 def test_negative_time_gap(data):
-    p, t = target(data)
-    g = t["hist_gaps"].to_pylist()
-    first = next(i for i, x in enumerate(g) if x)
-    g[first][-1] = -5.0
-    replace_file(p, set_col(t, "hist_gaps", pa.array(g, pa.list_(pa.float32()))))
+    p, _ = set_history_event(data, "hist_gaps", pa.float32(), -5.0)
     assert str(p) in setup_error(data, "'hist_gaps'.*negative")
 
 

@@ -153,6 +153,15 @@ def kept_lengths(off, idx, pos, L, lens):
 
 
 @_jit
+def _left_pad(row, vals, s, pad, k):
+    """``row[:pad] = 0``, ``row[pad:pad + k] = vals[s:s + k]``."""
+    for t in range(pad):
+        row[_U(t)] = 0
+    for t in range(k):
+        row[_U(pad + t)] = vals[_U(s + t)]
+
+
+@_jit
 def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_mask):
     """Training-process side: batch row ``r``'s ``lens[r]`` events (consecutive in the ragged
     ``ev_*`` arrays, rows in order) go to slots ``L - lens[r] .. L - 1`` of ``out_*`` row ``r``;
@@ -164,21 +173,9 @@ def pad_events(lens, ev_item, ev_cat, ev_gap, out_item, out_cat, out_gap, out_ma
     for r in range(n):
         k = lens[r]
         pad = L - k
-        row = out_item[r]
-        for t in range(pad):
-            row[_U(t)] = 0
-        for t in range(k):
-            row[_U(pad + t)] = ev_item[_U(s + t)]
-        row_cat = out_cat2[r]
-        for t in range(pad * C):
-            row_cat[_U(t)] = 0
-        for t in range(k * C):
-            row_cat[_U(pad * C + t)] = ev_cat[_U(s * C + t)]
-        row_gap = out_gap[r]
-        for t in range(pad):
-            row_gap[_U(t)] = 0
-        for t in range(k):
-            row_gap[_U(pad + t)] = ev_gap[_U(s + t)]
+        _left_pad(out_item[r], ev_item, s, pad, k)
+        _left_pad(out_cat2[r], ev_cat, s * C, pad * C, k * C)
+        _left_pad(out_gap[r], ev_gap, s, pad, k)
         row_mask = out_mask[r]
         for t in range(pad):
             row_mask[_U(t)] = False
