@@ -399,6 +399,20 @@ def test_float16_gaps_decode_like_float32():
     assert torch.equal(a.hist_gap, b.hist_gap)
 
 
+def test_pinned_batches_are_views_of_one_tensor(monkeypatch):
+    """With ``pin``, every field must be a view of the one pinned tensor (a GPU copy records its
+    event on that allocation); without, fields may be separate tensors over numpy views. No CUDA
+    here: torch.empty ignores pin_memory, which leaves the structure to check."""
+    d = decode_table(tiny_spec(), log_table(40, 0, seed=5))
+    packed = d.gather(np.arange(17), packed=True)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    pinned, plain = d.layout.to_batch(packed, pin=True), d.layout.to_batch(packed)
+    storages = {t.untyped_storage().data_ptr() for t in pinned.tensors().values() if t.numel()}
+    assert len(storages) == 1
+    assert_same_batches([pinned], [plain])
+
+
 def test_gather_refuses_rows_outside_the_window():
     d = decode_table(tiny_spec(), log_table(20, 0, seed=3)).slice(0, 10)
     for bad in ([10], [-1]):
