@@ -93,7 +93,7 @@ class RecDataLoader(DataLoader):
         # Batches from workers arrive in transit form and are padded here, pinned straight away
         # when the loader pins.
         pin = self.pin_memory and torch.cuda.is_available()
-        layout = Decoder(self.stream.spec).layout
+        layout = self.stream.decoder.layout
         pool = self._pool(layout, pin)
         batches = iter(pool) if pool is not None else super().__iter__()
         try:

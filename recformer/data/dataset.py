@@ -108,9 +108,16 @@ class ParquetStream(IterableDataset):
         logical = order[wid]
         yield from self._iter_block(logical, nw, skip=taken[logical])
 
+    @property
+    def decoder(self) -> Decoder:
+        """This process's decoder of the spec (made once; not pickled into workers)."""
+        if self._decoder is None:
+            self._decoder = Decoder(self.spec)
+        return self._decoder
+
     def batch_bytes(self) -> int:
         """Bytes of the largest batch in transit this stream ships from a worker (``PackedBatch``)."""
-        return Decoder(self.spec).layout.slot_bytes(self.batch_size)
+        return self.decoder.layout.slot_bytes(self.batch_size)
 
     def _iter_block(self, logical: int, nw: int, skip: int):
         """(window, row indices) per batch of one logical worker block."""
@@ -154,13 +161,11 @@ class ParquetStream(IterableDataset):
         except (OSError, ValueError):
             return  # the workers raise the error with its context
         if first is not None and first.num_rows:
-            Decoder(self.spec).decode(first, Where(path, 0)).gather(np.arange(first.num_rows))
+            self.decoder.decode(first, Where(path, 0)).gather(np.arange(first.num_rows))
 
     def _group(self, g: RowGroup) -> Decoded:
         if self._cached is not None and self._cached[0] == g:
             return self._cached[1]
-        if self._decoder is None:
-            self._decoder = Decoder(self.spec)
         path = self.index.files[g.file]
         where = Where(path, g.index)
         try:
@@ -170,7 +175,7 @@ class ParquetStream(IterableDataset):
             raise DataError(f"{where}: could not read ({e}); truncated or corrupt file?") from None
         if table.num_rows != g.rows:
             raise DataError(f"{where}: read {table.num_rows} rows, the footer promised {g.rows}")
-        decoded = self._decoder.decode(table, where)
+        decoded = self.decoder.decode(table, where)
         self._cached = (g, decoded)
         return decoded
 

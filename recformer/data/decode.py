@@ -203,10 +203,8 @@ class BatchLayout:
 @dataclass
 class Decoded:
     """A decoded row group (or a slice of one): the per-row fields packed in one record per row
-    (``rows``), and the history still ragged. ``fill`` copies batch rows' records into the batch's
-    field columns and pads their histories straight into the batch buffer (``kernels``): one
-    kernel call for all per-row fields instead of one ``np.take`` per field (measured the same
-    speed, ~0.1 us per shuffled row, with less per-batch Python)."""
+    (``rows``), and the history still ragged, as table rows. ``fill`` writes batch rows into a
+    batch in transit: each row's record whole and its kept events (``kernels``)."""
 
     rows: np.ndarray
     """uint8 [S, layout.record_bytes]: label, weight, group, target_item, cat, dense, emb, keys,
