@@ -10,10 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from recformer.config import FeatureSpec
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import DataError
+from recformer.data.schema import DataError, required
 from tests.conftest import log_table, write_tiny_data
 
 
@@ -250,3 +251,32 @@ def test_log_table_fixture_is_valid():
     # Guards the fixture the error tests mutate: a clean table decodes.
     t = log_table(10, 0, seed=1)
     assert t.num_rows == 10 and "hist_items" in t.column_names
+
+
+def test_required_schema_reads_like_the_nullable_one(data):
+    """``schema.required`` (what the log writers declare) changes how a file is stored, not what
+    it holds: the same rows written with every column and list element declared non-null give the
+    same batches; the element names, list kinds and sizes and the schema metadata are kept."""
+    p, t = target(data)
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0, shuffle=False)
+    dm.setup("fit")
+    want = list(dm.train_dataloader())
+    strict = required(t.schema.with_metadata({"origin": "test"}))
+    assert not any(f.nullable for f in strict)
+    assert strict.metadata == {b"origin": b"test"}
+    assert strict.field("query_vec").type == pa.list_(pa.field("item", pa.float32(), nullable=False), 4)
+    assert not strict.field("hist_items").type.value_field.nullable
+    replace_file(p, t.cast(strict))
+    assert not pq.read_schema(p).field("hist_items").nullable
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0, shuffle=False)
+    dm.setup("fit")
+    got = list(dm.train_dataloader())
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        for name in a.__dataclass_fields__:
+            x, y = getattr(a, name), getattr(b, name)
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, name
+    nested = pa.schema([("v", pa.large_list(pa.list_(pa.int8())))])
+    inner = required(nested).field("v").type
+    assert pa.types.is_large_list(inner) and not inner.value_field.nullable
+    assert not inner.value_type.value_field.nullable

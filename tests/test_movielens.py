@@ -121,6 +121,10 @@ def test_layout_uneven_train_files_and_row_groups(full):
 def test_schema_types(full):
     out, _ = full
     schema = pq.read_schema(out / "train" / "part-00000.parquet")
+
+    def list_of(t: pa.DataType) -> pa.DataType:  # the logs hold no nulls and say so (``schema.required``)
+        return pa.list_(pa.field("element", t, nullable=False))
+
     want = {
         "user_id": pa.int64(),
         "item_id": pa.int32(),
@@ -128,13 +132,14 @@ def test_schema_types(full):
         "timestamp": pa.int64(),
         "rating": pa.float32(),
         "label": pa.int8(),
-        "hist_item_ids": pa.list_(pa.int32()),
-        "hist_ratings": pa.list_(pa.int8()),
-        "hist_gaps": pa.list_(pa.float32()),
+        "hist_item_ids": list_of(pa.int32()),
+        "hist_ratings": list_of(pa.int8()),
+        "hist_gaps": list_of(pa.float32()),
         "hour": pa.int8(),
         "dow": pa.int8(),
     } | {c: pa.float32() for c in ml.DENSE_COLUMNS}
     assert {n: schema.field(n).type for n in schema.names} == want
+    assert not any(f.nullable for f in schema)
 
 
 def test_spec_loads_and_names_only_existing_columns(full):

@@ -47,6 +47,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
+from recformer.data.schema import required
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = "data/ml-latest-small"
@@ -420,6 +421,7 @@ def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table) -> Feat
 
 
 def _write(table: pa.Table, path: Path) -> None:
+    table = table.cast(required(table.schema))
     pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS, compression="zstd")
 
 

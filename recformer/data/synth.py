@@ -95,6 +95,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
+from recformer.data.schema import required
 
 # ----------------------------------------------------------------------------------------------
 # Constants of the generative model (documented in the module docstring)
@@ -138,21 +139,23 @@ CONTENT_CLUSTER_SCALE, CONTENT_NOISE = 0.5, 0.5
 _WORLD, _CALIBRATION, _ITEMS_TABLE = 0, 4, 5
 _SPLIT_STREAM = {"train": 1, "val": 2, "test": 3}
 
-SCHEMA = pa.schema(
-    [
-        ("user_id", pa.int64()),
-        ("item_id", pa.int32()),
-        ("timestamp", pa.int64()),
-        ("label", pa.int8()),
-        ("hour", pa.int8()),
-        ("device", pa.int8()),
-        ("user_segment", pa.int8()),
-        ("user_activity", pa.float32()),
-        ("item_age", pa.float32()),
-        ("hist_item_ids", pa.list_(pa.int32())),
-        ("hist_actions", pa.list_(pa.int8())),
-        ("hist_gaps", pa.list_(pa.float32())),
-    ]
+SCHEMA = required(
+    pa.schema(
+        [
+            ("user_id", pa.int64()),
+            ("item_id", pa.int32()),
+            ("timestamp", pa.int64()),
+            ("label", pa.int8()),
+            ("hour", pa.int8()),
+            ("device", pa.int8()),
+            ("user_segment", pa.int8()),
+            ("user_activity", pa.float32()),
+            ("item_age", pa.float32()),
+            ("hist_item_ids", pa.list_(pa.int32())),
+            ("hist_actions", pa.list_(pa.int8())),
+            ("hist_gaps", pa.list_(pa.float32())),
+        ]
+    )
 )
 PARQUET_OPTIONS = dict(
     compression="zstd",
