@@ -271,6 +271,39 @@ def test_spawned_workers_use_the_pipe_and_agree(tiny_data):
     assert_same_batches(all_batches(loader), want)
 
 
+def _has_jemalloc() -> bool:
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("path", ["slots", "pipe"])
+def test_workers_keep_freed_memory_and_the_training_process_is_left_alone(
+    tiny_data, tmp_path, monkeypatch, path
+):
+    """Loader workers read through Arrow's jemalloc pool (purging off: ``keep_freed_memory``); the
+    training process's allocators are not touched."""
+    from recformer.data.dataset import ParquetStream
+
+    read = ParquetStream._read
+
+    def spy(self, pieces):
+        (tmp_path / f"{os.getpid()}.pool").write_text(pa.default_memory_pool().backend_name)
+        return read(self, pieces)
+
+    monkeypatch.setattr(ParquetStream, "_read", spy)
+    if path == "pipe":
+        monkeypatch.setattr(RecDataLoader, "_pool", lambda self, layout, pin: None)
+    before = pa.default_memory_pool().backend_name
+    assert len(all_batches(module(tiny_data, 2).train_dataloader())) == 17
+    seen = {f.stem: f.read_text() for f in tmp_path.glob("*.pool")}
+    assert len(seen) == 2 and str(os.getpid()) not in seen
+    assert set(seen.values()) == {"jemalloc" if _has_jemalloc() else before}
+    assert pa.default_memory_pool().backend_name == before
+
+
 def test_an_abandoned_epoch_stops_its_workers_and_frees_its_ring(tiny_data):
     loader = module(tiny_data, 2).train_dataloader()
     it = iter(loader)

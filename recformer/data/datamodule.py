@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from recformer.config import FeatureDims, FeatureSpec
 from recformer.data.batch import PackedBatch
-from recformer.data.dataset import ParquetStream, StreamPlan
+from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.ring import WorkerPool
 from recformer.data.schema import DataError, Where, check_schema
@@ -351,6 +351,7 @@ def _as_is(item: Any) -> Any:
 def _worker_init(_: int) -> None:
     # Workers decode with numpy/pyarrow; torch threads would only oversubscribe the cores.
     torch.set_num_threads(1)
+    keep_freed_memory()
 
 
 __all__ = ["DataError", "RecDataLoader", "RecDataModule"]
