@@ -25,21 +25,25 @@ Memory: peak RSS of the training process plus its workers while streaming the fi
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
 Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on average, 31% at the
-100 cap), ``--limit 1000000 --repeats 5 --memory-files 1 2 5``, at commit 53757a8 (the later commits
-touch only the pool's error and shutdown paths):
+100 cap; files written by ``recformer data synth`` with every column declared non-null),
+``--limit 1000000 --repeats 5 --memory-files 1 2 5``:
 
 | reader | rows/s | vs raw | per worker (spread over rounds) | CPU us/row | training process us/row |
 | --- | --- | --- | --- | --- | --- |
-| raw | 719k | 1.00 | 1.00 | 1.39 | |
-| loader w1 | 522k | 0.71 | 0.71 (0.59-0.75) | 1.91 | 0.22 |
-| loader w2 | 729k | 1.00 | 0.50 (0.41-0.55) | 2.18 | 0.17 |
-| raw x2 in parallel | 1405k | 1.95 | | | |
+| raw | 942k | 1.00 | 1.00 | 1.06 | |
+| loader w1 | 687k | 0.74 | 0.74 (0.66-0.76) | 1.45 | 0.23 |
+| loader w2 | 1043k | 1.12 | 0.56 (0.50-0.57) | 1.55 | 0.17 |
+| raw x2 in parallel | 1833k | 1.95 | | | |
 
-CPU per delivered row: 0.73 of a worker's time is the read itself. First batch after 0.11-0.15 s
-(0.47 s in the first round, cold). Peak memory 1711 / 1756 / 1822 MB for 1 / 2 / 5M rows. An
-earlier full run the same day (commit a839197) gave 1 worker 0.71 (0.67-0.81), 2 workers 0.99
-together, memory 1697-1782 MB. Before this round of work (same machine and data): 1 worker 0.64, 2
-workers 0.93 together; before the compiled kernels 0.43 and 0.47.
+CPU per delivered row: 0.73 of a worker's time is the read itself. First batch after 0.10-0.12 s
+(0.27 s in the first round, cold). Peak memory 1751 / 1751 / 1760 MB for 1 / 2 / 5M rows.
+
+Earlier the same day, before the non-null log schema and ``keep_freed_memory`` (commit 1506dec, same
+data written with nullable columns): raw 737k rows/s (1.35 us/row), w1 541k (0.73), w2 841k (0.58
+each), worker 1.85 us/row. The schema made the read itself 20% cheaper (1.31 -> 1.05 us/row, the
+same rows in both layouts, alternated in one run); with the same code, old against new files
+alternated in one run, one worker went from 441-587k to 639-730k rows/s (CPU 1.69-2.03 -> 1.36-1.54
+us/row). Earlier sessions: 1 worker 0.71, then 0.64; before the compiled kernels 0.43.
 """
 
 from __future__ import annotations
