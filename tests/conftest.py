@@ -57,6 +57,11 @@ def tiny_spec(max_len: int = MAX_LEN) -> FeatureSpec:
     )
 
 
+def required_list(t: pa.DataType) -> pa.DataType:
+    """A list column's type as the log writers store it: no nulls, and saying so (``schema.required``)."""
+    return pa.list_(pa.field("element", t, nullable=False))
+
+
 def log_table(rows: int, first_row: int, seed: int, max_hist: int = 10) -> pa.Table:
     """``rows`` impressions; ``row_id`` runs from ``first_row`` so coverage can be checked."""
     rng = np.random.default_rng(seed)

@@ -25,6 +25,7 @@ from recformer.config import FeatureSpec
 from recformer.data import movielens as ml
 from recformer.data.embed_items import INSTALL_HINT, embed_items, load_encoder
 from recformer.data.summary import summarize
+from tests.conftest import required_list
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "data" / "ml-latest-small"
@@ -121,10 +122,6 @@ def test_layout_uneven_train_files_and_row_groups(full):
 def test_schema_types(full):
     out, _ = full
     schema = pq.read_schema(out / "train" / "part-00000.parquet")
-
-    def list_of(t: pa.DataType) -> pa.DataType:  # the logs hold no nulls and say so (``schema.required``)
-        return pa.list_(pa.field("element", t, nullable=False))
-
     want = {
         "user_id": pa.int64(),
         "item_id": pa.int32(),
@@ -132,9 +129,9 @@ def test_schema_types(full):
         "timestamp": pa.int64(),
         "rating": pa.float32(),
         "label": pa.int8(),
-        "hist_item_ids": list_of(pa.int32()),
-        "hist_ratings": list_of(pa.int8()),
-        "hist_gaps": list_of(pa.float32()),
+        "hist_item_ids": required_list(pa.int32()),
+        "hist_ratings": required_list(pa.int8()),
+        "hist_gaps": required_list(pa.float32()),
         "hour": pa.int8(),
         "dow": pa.int8(),
     } | {c: pa.float32() for c in ml.DENSE_COLUMNS}

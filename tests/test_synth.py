@@ -22,6 +22,7 @@ from recformer.__main__ import main
 from recformer.config import FeatureSpec
 from recformer.data import synth
 from recformer.data.synth import SynthParams, SynthWorld, write_synth
+from tests.conftest import required_list
 
 SMALL = dict(
     rows=3000,
@@ -91,10 +92,6 @@ def test_spec_loads_and_names_every_column_with_its_type(small: Path) -> None:
     spec = FeatureSpec.load(small / "spec.yaml")
     assert spec.group == "user_id" and spec.keys == ["user_id", "item_id", "timestamp"]
     assert spec.sequence.max_len == SMALL["max_len"] and spec.item.vocab_size == SMALL["items"]
-
-    def list_of(t: pa.DataType) -> pa.DataType:  # the logs hold no nulls and say so (``schema.required``)
-        return pa.list_(pa.field("element", t, nullable=False))
-
     expected = {
         "user_id": pa.int64(),
         "item_id": pa.int32(),
@@ -105,9 +102,9 @@ def test_spec_loads_and_names_every_column_with_its_type(small: Path) -> None:
         "user_segment": pa.int8(),
         "user_activity": pa.float32(),
         "item_age": pa.float32(),
-        "hist_item_ids": list_of(pa.int32()),
-        "hist_actions": list_of(pa.int8()),
-        "hist_gaps": list_of(pa.float32()),
+        "hist_item_ids": required_list(pa.int32()),
+        "hist_actions": required_list(pa.int8()),
+        "hist_gaps": required_list(pa.float32()),
     }
     assert sorted(spec.columns()) == sorted(expected)
     train = _read(small, "train")
