@@ -17,6 +17,8 @@ Side by side in one run, over ``--repeats`` rounds of raw, w1, raw, w2, ..., raw
   first batch on; ``raw``'s is the scan's CPU per row. Their ratio is the per-worker figure a
   machine with a core per worker would show, without the clock drift.
 - ``raw xN par.``: N raw scans in N processes at once: what these cores read together.
+- ``wN on C cores`` (when N >= C): the most rows/s C fully busy cores can deliver at the measured CPU
+  per row of the workers and the training process together, and what that is per worker.
 The target is >= 0.7 of the raw rows/s *per worker*. Each worker is one process on one core, and the
 training process needs a share of a core too (``main us/row``): on a 2-core machine two workers run
 on cores the training process also uses.
@@ -35,7 +37,10 @@ Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on ave
 | loader w2 | 1043k | 1.12 | 0.56 (0.50-0.57) | 1.55 | 0.17 |
 | raw x2 in parallel | 1833k | 1.95 | | | |
 
-CPU per delivered row: 0.73 of a worker's time is the read itself. First batch after 0.10-0.12 s
+CPU per delivered row: 0.73 of a worker's time is the read itself. Two workers on two cores: at
+1.72 CPU us per row (1.55 + 0.17) the cores deliver at most 1.16M rows/s, 0.62 per worker: the 0.7
+target needs the workers and the training process to spend at most 0.46 us per row above the read
+(0.66 now), or a core per worker (not available to this session). First batch after 0.10-0.12 s
 (0.27 s in the first round, cold). Peak memory 1751 / 1751 / 1760 MB for 1 / 2 / 5M rows.
 
 Earlier the same day, before the non-null log schema and ``keep_freed_memory`` (commit 1506dec, same
@@ -269,6 +274,19 @@ def main() -> None:
         print(
             f"\nCPU per delivered row: one worker {w_us:.3f} us, the raw scan {raw_us:.3f} us: "
             f"{raw_us / w_us:.2f} of a worker's time is the read itself"
+        )
+    cores = os.cpu_count() or 1
+    for w in loaders:
+        if w < cores:
+            continue
+        # Workers and the training process share every core: what the measured CPU per row allows.
+        row = summary[f"loader w{w}"]
+        cpu_us = row["worker_us_per_row"] + row["main_us_per_row"]  # worker_us: all workers, per row
+        bound = cores / cpu_us * 1e6
+        row["cpu_bound_rows_s"] = bound
+        print(
+            f"w{w} on {cores} cores: at {cpu_us:.2f} CPU us per row (workers + training process) the cores "
+            f"deliver at most {bound:,.0f} rows/s, {bound / med(raws) / w:.2f} of the raw scan per worker"
         )
 
     mem = [peak_memory(a.data, n, 2, a.batch_size) for n in a.memory_files]
