@@ -158,6 +158,30 @@ def test_item_tables_follow_the_side_table(tiny_data):
     assert feats[1 + 7, 0] == side["cluster"][7] + 1
 
 
+def test_batch_to_copies_compact_and_widens_after_the_copy(tiny_data, monkeypatch):
+    """The host-to-device copy keeps the shipped dtypes: asked for a dtype, PyTorch widens on the
+    host into unpinned memory and the pinned, asynchronous copy is lost (not observable without a
+    GPU, hence the spy)."""
+    dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer")
+    raw = next(iter(dm.train_dataloader()))
+    calls = []
+    to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        calls.append((self.dtype, args, kwargs))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    moved = raw.to("cpu", non_blocking=True)
+    monkeypatch.undo()
+    copies = [c for c in calls if c[1] and c[1][0] == "cpu"]
+    assert len(copies) == len(raw.tensors())
+    assert all(
+        "dtype" not in kw and len(args) == 1 and kw == {"non_blocking": True} for _, args, kw in copies
+    )
+    assert moved.hist_item.dtype == torch.long and torch.equal(moved.hist_item, raw.hist_item.long())
+
+
 def test_batch_to_widens_the_compact_id_fields(tiny_data):
     from recformer.data.batch import ID_FIELDS
 
@@ -165,6 +189,7 @@ def test_batch_to_widens_the_compact_id_fields(tiny_data):
     raw = next(iter(dm.train_dataloader()))
     assert raw.hist_gap.dtype == torch.uint8  # shipped compact
     assert raw.hist_cat.dtype == torch.int8  # hist_actions has 4 rows
+    assert raw.hist_item.dtype == torch.int16  # 50 items
     moved = raw.to("cpu")
     for name in ID_FIELDS:
         assert getattr(moved, name).dtype == torch.long, name

@@ -58,16 +58,20 @@ class Batch:
         return self.label.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """Moves every tensor and widens the id fields to int64 on the way: the loader ships them
-        compact (int32 / int16 / int8 / uint8), and ``row + offset`` in a narrow dtype would wrap."""
-        return Batch(
-            **{
-                f.name: getattr(self, f.name).to(
-                    device, dtype=torch.long if f.name in ID_FIELDS else None, non_blocking=non_blocking
-                )
-                for f in fields(self)
-            }
-        )
+        """Moves every tensor, then widens the id fields to int64 *on the device*: the loader ships
+        them compact (int32 / int16 / int8 / uint8), and ``row + offset`` in a narrow dtype would
+        wrap.
+
+        The copy keeps each tensor's dtype. ``t.to(device, dtype=torch.long)`` would widen on the CPU
+        first (PyTorch converts host-to-device copies on the host), into a fresh unpinned tensor:
+        the training process would write 2.6 MB per 1024-row batch of the bench spec instead of
+        copying 0.58 MB, and a ``non_blocking`` copy from pinned memory would become a staged,
+        synchronous one."""
+        out = {}
+        for f in fields(self):
+            t = getattr(self, f.name).to(device, non_blocking=non_blocking)
+            out[f.name] = t.long() if f.name in ID_FIELDS else t
+        return Batch(**out)
 
     def pin_memory(self) -> Batch:
         # DataLoader(pin_memory=True) calls this on custom batch types.

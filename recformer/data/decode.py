@@ -63,7 +63,9 @@ class History:
 
 
 # The narrowest of these that holds every row of a history id field carries it through decoding
-# and transit (the Batch's hist_item is int32 again; its hist_cat keeps the narrow dtype).
+# and transit, and the Batch keeps it (``Batch.to`` widens every id field to int64 on the device):
+# padded to ``max_len`` the history is most of a batch's bytes, so its width is what the training
+# process writes and what crosses to the GPU.
 _TORCH_INT = {np.int8: torch.int8, np.int16: torch.int16, np.int32: torch.int32}
 
 
@@ -129,7 +131,7 @@ class BatchLayout:
             ("dense", torch.float32, (n, self.n_dense)),
             ("emb", torch.float32, (n, self.emb_dim)),
             ("keys", torch.int64, (n, self.n_keys)),
-            ("hist_item", torch.int32, (n, L)),
+            ("hist_item", _TORCH_INT[self.item_dtype], (n, L)),
             ("hist_cat", _TORCH_INT[self.cat_dtype], (n, L, C)),
             ("hist_gap", torch.uint8, (n, L)),
             ("hist_mask", torch.bool, (n, L)),
