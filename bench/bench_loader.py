@@ -32,23 +32,26 @@ Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on ave
 
 | reader | rows/s | vs raw | per worker (spread over rounds) | CPU us/row | training process us/row |
 | --- | --- | --- | --- | --- | --- |
-| raw | 942k | 1.00 | 1.00 | 1.06 | |
-| loader w1 | 687k | 0.74 | 0.74 (0.66-0.76) | 1.45 | 0.23 |
-| loader w2 | 1043k | 1.12 | 0.56 (0.50-0.57) | 1.55 | 0.17 |
-| raw x2 in parallel | 1833k | 1.95 | | | |
+| raw | 952k | 1.00 | 1.00 | 1.05 | |
+| loader w1 | 681k | 0.73 | 0.73 (0.71-0.76) | 1.46 | 0.18 |
+| loader w2 | 1158k | 1.23 | 0.61 (0.60-0.63) | 1.56 | 0.15 |
+| raw x2 in parallel | 1743k | 1.83 | | | |
 
-CPU per delivered row: 0.73 of a worker's time is the read itself. Two workers on two cores: at
-1.72 CPU us per row (1.55 + 0.17) the cores deliver at most 1.16M rows/s, 0.62 per worker: the 0.7
-target needs the workers and the training process to spend at most 0.46 us per row above the read
-(0.66 now), or a core per worker (not available to this session). First batch after 0.10-0.12 s
-(0.27 s in the first round, cold). Peak memory 1751 / 1751 / 1760 MB for 1 / 2 / 5M rows.
+CPU per delivered row: 0.72 of a worker's time is the read itself. Two workers on two cores run at
+the CPU bound: at 1.70 CPU us per row (1.56 + 0.15) the cores deliver at most 1.17M rows/s, 0.62 per
+worker. The 0.7 target needs the workers and the training process to spend at most ~0.45 us per row
+above the read (0.65 now), or a core per worker (``bench/loader_device.sh``, not run yet). First
+batch after 0.10-0.13 s (0.26 s in the first round, cold). Peak memory 1771 / 1768 / 1776 MB for
+1 / 2 / 5M rows.
 
-Earlier the same day, before the non-null log schema and ``keep_freed_memory`` (commit 1506dec, same
-data written with nullable columns): raw 737k rows/s (1.35 us/row), w1 541k (0.73), w2 841k (0.58
-each), worker 1.85 us/row. The schema made the read itself 20% cheaper (1.31 -> 1.05 us/row, the
-same rows in both layouts, alternated in one run); with the same code, old against new files
-alternated in one run, one worker went from 441-587k to 639-730k rows/s (CPU 1.69-2.03 -> 1.36-1.54
-us/row). Earlier sessions: 1 worker 0.71, then 0.64; before the compiled kernels 0.43.
+Steps the same day. Before the window-deep worker ring (commit 6d60749): w1 0.74, w2 0.56 each
+(1.72-1.81 of the 2 cores busy with two workers; 1.92-1.99 after). Before the non-null log schema
+and ``keep_freed_memory`` (commit 1506dec, the same data written with nullable columns): raw 737k
+rows/s (1.35 us/row), w1 541k (0.73), w2 841k (0.58 each), worker 1.85 us/row. The schema made the
+read itself 20% cheaper (1.31 -> 1.05 us/row, the same rows in both layouts, alternated in one run);
+with the same code, old against new files alternated in one run, one worker went from 441-587k to
+639-730k rows/s (CPU 1.69-2.03 -> 1.36-1.54 us/row). Earlier sessions: 1 worker 0.71, then 0.64;
+before the compiled kernels 0.43.
 """
 
 from __future__ import annotations
