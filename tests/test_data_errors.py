@@ -280,3 +280,15 @@ def test_required_schema_reads_like_the_nullable_one(data):
     inner = required(nested).field("v").type
     assert pa.types.is_large_list(inner) and not inner.value_field.nullable
     assert not inner.value_type.value_field.nullable
+
+
+def test_required_schema_refuses_a_table_with_nulls(tmp_path):
+    # What the writers rely on: a null they did not mean to write stops the write (a top-level one
+    # at the cast, naming the column; one inside a list at the write) instead of landing in a column
+    # that says it has none.
+    t = pa.table({"label": pa.array([1, None], pa.int8())})
+    with pytest.raises(ValueError, match="label"):
+        t.cast(required(t.schema))
+    t = pa.table({"hist": pa.array([[1], [2, None]], pa.list_(pa.int32()))})
+    with pytest.raises(pa.ArrowInvalid, match="non-nullable but contains nulls"):
+        pq.write_table(t.cast(required(t.schema)), tmp_path / "x.parquet")
