@@ -373,35 +373,31 @@ class Decoder:
         """Table rows (int32) and an OOV flag per value; nulls count as OOV."""
         if pa.types.is_dictionary(arr.type):
             arr = arr.dictionary_decode()
-        if f.vocab is not None:
-            idx = pc.index_in(arr, value_set=self._vocab[f.name])
-            rows = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int32) + 1
-            return rows, rows == 0
         valid = None
-        if arr.null_count:
+        if f.vocab is None and arr.null_count:  # a vocabulary lookup maps nulls to OOV itself
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
             arr = pc.fill_null(arr, 0)
-        ids = arr.to_numpy(zero_copy_only=False)  # native width: no int64 copy of a hot column
-        check_nonneg_ids(ids, where, f.name)
-        oov = ids >= f.vocab_size
+        ids = self._raw_ids(arr, f.name, where, f)
+        rows = self._rows(ids, f.vocab_size, np.empty(len(ids), np.int32), where, f.name)
         if valid is not None:
-            oov |= ~valid
-        rows = ids.astype(np.int32) + 1
-        if oov.any():
-            rows[oov] = 0
-        return rows, oov
+            rows[~valid] = 0
+        return rows, rows == 0
 
     def _item_rows(self, arr: pa.Array, col: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
         """Item table rows (int32) and an OOV flag per value."""
         if arr.null_count:
             raise DataError(f"{where}: item id column {col!r} has {arr.null_count} null(s)")
-        ids = numeric(arr, where, col, np.int64) if not pa.types.is_integer(arr.type) else arr.to_numpy()
-        check_nonneg_ids(ids, where, col)
-        oov = ids >= self.spec.item.vocab_size
-        rows = ids.astype(np.int32) + 1
-        if oov.any():
-            rows[oov] = 0
-        return rows, oov
+        ids = self._raw_ids(arr, col, where)
+        rows = self._rows(ids, self.spec.item.vocab_size, np.empty(len(ids), np.int32), where, col)
+        return rows, rows == 0
+
+    @staticmethod
+    def _rows(ids: np.ndarray, limit: int, out: np.ndarray, where: Where, name: str) -> np.ndarray:
+        """``out`` = table rows of ids (``kernels.map_ids``: ``id + 1``, OOV row 0 from ``limit``
+        on), in ``out``'s dtype; negative ids are rejected, naming the column."""
+        if kernels.map_ids(ids, limit, out) < 0:
+            check_nonneg_ids(ids, where, name)  # raises
+        return out
 
     # -- whole table ---------------------------------------------------------------------------
     def decode(self, table: pa.Table | pa.RecordBatch, where: Where) -> Decoded:
@@ -520,24 +516,21 @@ class Decoder:
         cats = np.empty((len(s.categorical), n_events), lay.cat_dtype)
         for j, f in enumerate(s.categorical):
             ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f)
-            if kernels.map_ids(ids, f.vocab_size, cats[j]) < 0:
-                check_nonneg_ids(ids, where, f.name)  # raises, naming the column
+            self._rows(ids, f.vocab_size, cats[j], where, f.name)
         gaps = np.zeros(0, np.uint8)
         if s.time_gap_column:
             o = offsets[s.time_gap_column]
             gaps = self._gap_rows(flat(s.time_gap_column, o), o - o[0], where)
         ids = self._raw_ids(flat(s.item_column, off), s.item_column, where)
-        items = np.empty(n_events, lay.item_dtype)
-        if kernels.map_ids(ids, lay.item_limit, items) < 0:
-            check_nonneg_ids(ids, where, s.item_column)
+        items = self._rows(ids, lay.item_limit, np.empty(n_events, lay.item_dtype), where, s.item_column)
         return History(off - off[0], items, cats, gaps)
 
     def _raw_ids(
         self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None
     ) -> np.ndarray:
-        """Ids of a null-free array (not yet checked: ``kernels.map_ids`` does, as it maps them);
-        strings of a vocabulary field become their vocabulary index, unknown strings
-        ``vocab_size`` (``map_ids``' OOV test is ``id >= limit``)."""
+        """Ids of an array (not yet checked: ``kernels.map_ids`` does, as it maps them); strings of a
+        vocabulary field become their vocabulary index, unknown strings and nulls ``vocab_size``
+        (``map_ids``' OOV test is ``id >= limit``); other arrays must be null-free."""
         if f is not None and f.vocab is not None:
             idx = pc.index_in(arr, value_set=self._vocab[f.name])
             return pc.fill_null(idx, f.vocab_size).to_numpy(zero_copy_only=False)
