@@ -27,8 +27,8 @@ Memory: peak RSS of the training process plus its workers while streaming the fi
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
 Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on average, 31% at the
-100 cap; files written by ``recformer data synth`` with every column declared non-null),
-``--limit 1000000 --repeats 5 --memory-files 1 2 5``:
+100 cap; files written by ``recformer data synth`` with every column declared non-null), the
+defaults (``--limit 1000000 --repeats 5 --memory-files 1 2 5``):
 
 | reader | rows/s | vs raw | per worker (spread over rounds) | CPU us/row | training process us/row |
 | --- | --- | --- | --- | --- | --- |
@@ -204,9 +204,9 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=Path("/tmp/bench_synth"))
     p.add_argument("--rows", type=int, default=5_000_000, help="rows to generate if --data is missing")
     p.add_argument("--max-len", type=int, default=100)
-    p.add_argument("--limit", type=int, default=2_000_000, help="rows read per timed pass")
+    p.add_argument("--limit", type=int, default=1_000_000, help="rows read per timed pass")
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--memory-files", type=int, nargs="+", default=[1, 2, 5])
     p.add_argument("--json", type=Path, default=None)

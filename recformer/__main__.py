@@ -35,8 +35,24 @@ def data_main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
+USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor} ...
+
+  fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
+  data                          prepare Parquet logs: movielens, synth, embed-items, summary
+  evaluate                      offline exact metrics of a checkpoint on a split
+  doctor                        read a run's internal metrics and name its failure
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # LightningCLI's own top-level help knows only its four subcommands.
+    if not argv:
+        print(USAGE, end="", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
     if argv and argv[0] == "data":
         return data_main(argv[1:])
     if argv and argv[0] == "evaluate":

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -225,5 +225,16 @@ class RankerModule(pl.LightningModule):
             log.info(line)
         # May be inf (no max_steps / max_epochs): build_scheduler says what to set unless constant.
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
-        scheduler = build_scheduler(optimizer, self.optim_cfg, total_steps=max(1, total))
+        optim_cfg = self.optim_cfg
+        if self._trainer is not None and self.trainer.fast_dev_run and total <= optim_cfg.warmup_steps:
+            # A smoke run of a step or a few: the schedule cannot matter, and a config made for
+            # real runs should pass it unchanged. Real runs shorter than their warmup still fail.
+            log.warning(
+                "fast_dev_run: %s step(s), not more than optim.warmup_steps=%s; this smoke run "
+                "steps its LR schedule without warmup",
+                total,
+                optim_cfg.warmup_steps,
+            )
+            optim_cfg = replace(optim_cfg, warmup_steps=0)
+        scheduler = build_scheduler(optimizer, optim_cfg, total_steps=max(1, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -15,6 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from recformer.__main__ import main as recformer_main
 from recformer.cli import cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
@@ -62,6 +63,15 @@ def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
 def read_metrics(run: Path) -> list[dict[str, str]]:
     with open(run / "metrics.csv") as fh:
         return list(csv.DictReader(fh))
+
+
+def test_top_level_help_names_every_command(capsys):
+    assert recformer_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("fit", "validate", "test", "predict", "data", "evaluate", "doctor"):
+        assert command in out
+    assert recformer_main([]) == 2  # no command: the same usage, on stderr
+    assert "doctor" in capsys.readouterr().err
 
 
 def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
@@ -253,6 +263,20 @@ def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_data, tmp_path)
     m = _module(dm, max_nonfinite_steps=3)
     with pytest.raises(RuntimeError, match="max_nonfinite_steps=3"):
         _trainer(tmp_path, max_steps=8, callbacks=[NaNAt({1, 2, 3, 4})]).fit(m, dm)
+
+
+def test_fast_dev_run_passes_with_a_warmup_longer_than_the_run(tiny_data, tmp_path, caplog):
+    """A smoke run (``trainer.fast_dev_run``) of a config made for real runs: the schedule drops its
+    warmup for that run and says so; a real run shorter than its warmup is still refused."""
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=100), dims=dm.feature_dims)
+    with caplog.at_level("WARNING", logger="recformer.module"):
+        _trainer(tmp_path, fast_dev_run=True).fit(m, dm)
+    assert "without warmup" in caplog.text
+    assert m.optim_cfg.warmup_steps == 100  # the user's setting is kept (and checkpointed)
+    real = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=100), dims=dm.feature_dims)
+    with pytest.raises(ValueError, match="warmup_steps=100"):
+        _trainer(tmp_path, max_steps=5).fit(real, dm)
 
 
 @pytest.mark.parametrize("arch", ["din", "popularity"])
