@@ -69,6 +69,29 @@ def test_killed_mid_epoch_and_resumed_sees_the_same_batches(tiny_data, tmp_path,
     assert first.seen + second.seen == ref.seen
 
 
+@pytest.mark.parametrize("stop", [10, 13])
+def test_resume_with_limit_train_batches_starts_the_next_epoch(tiny_data, tmp_path, stop):
+    """With ``limit_train_batches`` an epoch ends before the stream does: a checkpoint after its last
+    batch (10) resumes at the next epoch's first batch, not in the old epoch's unseen tail; one in
+    the middle of the next epoch (13) resumes there."""
+    dm = lambda: RecDataModule(
+        str(tiny_data), batch_size=32, num_workers=0, shuffle_window=96, validate="footer"
+    )
+    run = dict(limit_val_batches=0, limit_train_batches=10)
+    ref = Recorder()
+    trainer(tmp_path / "a", max_epochs=3, enable_checkpointing=False, **run).fit(ref, dm())
+    assert [e for e, _ in ref.seen] == [0] * 10 + [1] * 10 + [2] * 10
+
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=stop, save_top_k=-1)
+    first = Recorder()
+    trainer(tmp_path / "b", max_steps=stop, callbacks=[ck], **run).fit(first, dm())
+    second = Recorder()
+    trainer(tmp_path / "c", max_epochs=3, enable_checkpointing=False, **run).fit(
+        second, dm(), ckpt_path=next((tmp_path / "ck").glob("*.ckpt"))
+    )
+    assert first.seen + second.seen == ref.seen
+
+
 def test_two_process_ddp_on_uneven_files_finishes(tiny_data, tmp_path):
     out = tmp_path / "ranks.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

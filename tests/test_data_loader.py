@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -97,11 +98,32 @@ def test_resume_mid_epoch_is_exact(tiny_data, workers, consumed):
     assert head + tail == ref
 
 
-def test_resume_refuses_a_different_setup(tiny_data):
+@pytest.mark.parametrize(
+    "change, key",
+    [({"batch_size": 16}, "batch_size"), ({"shuffle": False}, "shuffle"), ({"drop_last": True}, "drop_last")],
+)
+def test_resume_refuses_a_different_setup(tiny_data, change, key):
     a = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer").train_dataloader()
-    b = RecDataModule(str(tiny_data), batch_size=16, num_workers=0, validate="footer").train_dataloader()
-    with pytest.raises(ValueError, match="batch_size"):
+    b = RecDataModule(
+        str(tiny_data), **{"batch_size": 32, "num_workers": 0, "validate": "footer", **change}
+    ).train_dataloader()
+    with pytest.raises(ValueError, match=key):
         b.load_resume_state(a.resume_state())
+
+
+def test_resume_refuses_other_files_of_the_same_size(tiny_data, tmp_path):
+    """The same rows written in other row groups give another batch sequence: refused. A state
+    saved before ``groups`` (and the other newer keys) were recorded still resumes."""
+    other = tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    for f in sorted((other / "train").glob("*.parquet")):
+        pq.write_table(pq.read_table(f), f, row_group_size=7)
+    make = lambda d: RecDataModule(str(d), batch_size=32, num_workers=0, validate="footer").train_dataloader()
+    state = make(tiny_data).resume_state()
+    with pytest.raises(ValueError, match="groups"):
+        make(other).load_resume_state(state)
+    old = {k: v for k, v in state.items() if k not in ("groups", "shuffle", "drop_last", "epoch_batches")}
+    make(tiny_data).load_resume_state(old)
 
 
 def test_round_robin_replay_matches_dataloader_order():

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing as mp
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +63,7 @@ class RecDataLoader(DataLoader):
         stream: ParquetStream,
         epoch_fn: Callable[[], int] | None = None,
         progress_fn: Callable[[], int] | None = None,
+        epoch_batches_fn: Callable[[], float] | None = None,
         **kwargs: Any,
     ):
         # collate_fn=_as_is: the default converter would turn a PackedBatch's numpy buffer into a
@@ -69,13 +72,14 @@ class RecDataLoader(DataLoader):
         self.stream = stream
         self._epoch_fn = epoch_fn
         self._progress_fn = progress_fn
+        self._epoch_batches_fn = epoch_batches_fn
         self._own_epoch = -1
         self._yielded = 0
         self._pending: dict[str, int] | None = None
 
     def __iter__(self):
         pending, self._pending = self._pending, None
-        if pending is not None and pending["consumed"] < len(self.stream):
+        if pending is not None and pending["consumed"] < pending["epoch_batches"]:
             epoch, skip = pending["epoch"], pending["consumed"]
         elif pending is not None:  # saved at the very end of an epoch: the next one starts
             epoch, skip = pending["epoch"] + 1, 0
@@ -138,7 +142,11 @@ class RecDataLoader(DataLoader):
         )
 
     def _fingerprint(self) -> dict[str, int]:
+        """Everything besides the position that decides the batch sequence; a resume refuses to
+        continue when any of it changed. ``groups``: a checksum of the row groups in order (file
+        name, row group, rows), so other files of the same total size are caught too."""
         s = self.stream
+        groups = ";".join(f"{Path(s.index.files[g.file]).name}:{g.index}:{g.rows}" for g in s.index.groups)
         return {
             "world": s.plan.world,
             "batch_size": s.batch_size,
@@ -146,22 +154,41 @@ class RecDataLoader(DataLoader):
             "seed": s.seed,
             "rows": s.index.num_rows,
             "window": s.window,
+            "shuffle": int(s.shuffle),
+            "drop_last": int(s.drop_last),
+            "groups": zlib.crc32(groups.encode()),
         }
 
     def resume_state(self) -> dict[str, int]:
+        """Where the training loop stands in this epoch: ``consumed`` of the ``epoch_batches`` it
+        takes (fewer than the stream's with ``limit_train_batches``: a checkpoint after the last of
+        them resumes at the next epoch, not in this one's tail)."""
         consumed = self._progress_fn() if self._progress_fn is not None else self._yielded
-        return {"epoch": self.stream.plan.epoch, "consumed": int(consumed), **self._fingerprint()}
+        epoch_batches = len(self.stream)
+        if self._epoch_batches_fn is not None and math.isfinite(self._epoch_batches_fn()):
+            epoch_batches = min(epoch_batches, int(self._epoch_batches_fn()))
+        return {
+            "epoch": self.stream.plan.epoch,
+            "consumed": int(consumed),
+            "epoch_batches": epoch_batches,
+            **self._fingerprint(),
+        }
 
     def load_resume_state(self, state: dict[str, int]) -> None:
         now = self._fingerprint()
-        diff = {k: (state.get(k), v) for k, v in now.items() if state.get(k) != v}
+        # Checkpoints from before a key was recorded are checked on the keys they have.
+        diff = {k: (state[k], v) for k, v in now.items() if k in state and state[k] != v}
         if diff:
             raise ValueError(
                 "cannot resume the training stream exactly: these settings differ from the checkpoint's "
-                f"(checkpoint, now): {diff}. Resume with the same data, batch_size, num_workers, seed, "
-                "shuffle_window and number of devices, or start a new run."
+                f"(checkpoint, now): {diff}. Resume with the same data files, batch_size, num_workers, "
+                "seed, shuffle, shuffle_window, drop_last and number of devices, or start a new run."
             )
-        self._pending = {"epoch": int(state["epoch"]), "consumed": int(state["consumed"])}
+        self._pending = {
+            "epoch": int(state["epoch"]),
+            "consumed": int(state["consumed"]),
+            "epoch_batches": int(state.get("epoch_batches", len(self.stream))),
+        }
 
 
 class RecDataModule(pl.LightningDataModule):
@@ -334,7 +361,13 @@ class RecDataModule(pl.LightningDataModule):
         progress_fn = (
             (lambda: t.fit_loop.epoch_loop.batch_progress.current.processed) if t is not None else None
         )
-        loader = self._loader(self._stream("train", train=True), epoch_fn=epoch_fn, progress_fn=progress_fn)
+        epoch_batches_fn = (lambda: t.num_training_batches) if t is not None else None  # limit_train_batches
+        loader = self._loader(
+            self._stream("train", train=True),
+            epoch_fn=epoch_fn,
+            progress_fn=progress_fn,
+            epoch_batches_fn=epoch_batches_fn,
+        )
         if self._resume is not None:
             loader.load_resume_state(self._resume)
             self._resume = None
