@@ -1,4 +1,5 @@
-"""Run by test_data_lightning: 2-process CPU DDP (gloo) over uneven files; writes rows seen per rank."""
+"""Run by test_data_lightning: 2-process CPU DDP (gloo) over uneven files; writes rows seen and the
+OOV report per rank. ``python ddp_data_script.py DATA OUT [footer|full]``."""
 
 import json
 import sys
@@ -30,8 +31,9 @@ class Recorder(pl.LightningModule):
 
 if __name__ == "__main__":
     data, out = sys.argv[1], sys.argv[2]
+    validate = sys.argv[3] if len(sys.argv) > 3 else "footer"
     model = Recorder()
-    dm = RecDataModule(data, batch_size=32, num_workers=1, validate="footer")
+    dm = RecDataModule(data, batch_size=32, num_workers=1, validate=validate)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
@@ -45,7 +47,10 @@ if __name__ == "__main__":
     )
     trainer.fit(model, dm)
     gathered = [None, None]
-    torch.distributed.all_gather_object(gathered, model.rows)
+    torch.distributed.all_gather_object(gathered, {**model.rows, "oov": dm.oov_report})
     if trainer.global_rank == 0:
         with open(out, "w") as fh:
             json.dump({str(r): rows for r, rows in enumerate(gathered)}, fh)
+    # Gloo's threads must not outlive the interpreter: without this the process can abort at exit
+    # ("terminate called without an active exception").
+    torch.distributed.destroy_process_group()

@@ -57,6 +57,14 @@ def test_wrong_type(data):
     assert str(p) in msg and "expected integer" in msg
 
 
+def test_string_group_column_that_is_also_a_key(data):
+    # A string group column is hashed for GAUC, but keys are copied to predictions as int64.
+    p, t = target(data)
+    replace_file(p, set_col(t, "user_id", pa.array([f"u{x}" for x in t["user_id"].to_pylist()])))
+    msg = setup_error(data, "'user_id'")
+    assert str(p) in msg and "integer as a key column" in msg
+
+
 def test_null_label(data):
     p, t = target(data)
     y = t["label"].to_pylist()
@@ -128,6 +136,26 @@ def test_inf_in_embedding(data):
     replace_file(p, set_col(t, "query_vec", pa.array(v, pa.list_(pa.float32(), 4))))
     msg = setup_error(data, "NaN or Inf")
     assert str(p) in msg and "'query_vec'" in msg
+
+
+@pytest.mark.parametrize("column", ["age", "weight"])
+def test_finite_float64_beyond_float32_is_refused(data, column):
+    # Finite in the file, Inf once cast to the batch's float32: refused, not passed on as Inf.
+    p, t = target(data)
+    x = t[column].to_numpy().astype(np.float64)
+    x[5] = 1e39
+    replace_file(p, set_col(t, column, pa.array(x)))
+    msg = setup_error(data, f"'{column}'.*beyond float32's range")
+    assert str(p) in msg and "first at batch row 5: 1e+39" in msg
+
+
+def test_float64_embedding_beyond_float32_is_refused(data):
+    p, t = target(data)
+    v = t["query_vec"].to_pylist()
+    v[3][2] = 1e39
+    replace_file(p, set_col(t, "query_vec", pa.array(v, pa.list_(pa.float64(), 4))))
+    msg = setup_error(data, "'query_vec' has values beyond float32's range")
+    assert str(p) in msg and "batch row 3" in msg
 
 
 def test_embedding_of_wrong_length(data):
@@ -213,6 +241,18 @@ def test_side_table_id_outside_vocab(data):
     t = pq.read_table(data / "items.parquet")
     pq.write_table(set_col(t, "item_id", pc.add(t["item_id"], 10)), data / "items.parquet")
     with pytest.raises(DataError, match="items.parquet.*vocab_size"):
+        RecDataModule(str(data)).item_tables()
+
+
+def test_side_table_content_beyond_float16_is_refused(data):
+    # The content table is float16: 1e5 would become Inf in every batch holding that item.
+    spec = FeatureSpec.load(data / "spec.yaml")
+    col = spec.item.content_column
+    t = pq.read_table(data / "items.parquet")
+    v = t[col].to_pylist()
+    v[3][0] = 1e5
+    pq.write_table(set_col(t, col, pa.array(v, pa.list_(pa.float32()))), data / "items.parquet")
+    with pytest.raises(DataError, match=f"items.parquet.*'{col}' has values beyond float16's range"):
         RecDataModule(str(data)).item_tables()
 
 

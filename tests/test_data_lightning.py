@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -92,16 +96,38 @@ def test_resume_with_limit_train_batches_starts_the_next_epoch(tiny_data, tmp_pa
     assert first.seen + second.seen == ref.seen
 
 
-def test_two_process_ddp_on_uneven_files_finishes(tiny_data, tmp_path):
-    out = tmp_path / "ranks.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "ddp_data_script.py"), str(tiny_data), str(out)],
-        env=env,
+def run_ddp_script(data: Path, out: Path, validate: str = "footer") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ddp_data_script.py"), str(data), str(out), validate],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def with_unknown_items(data: Path, dest: Path, every: int = 7) -> Path:
+    """A copy of ``data`` whose every ``every``-th training row has an item id outside the vocabulary
+    (in every row group, so every rank's share of the value check holds some)."""
+    shutil.copytree(data, dest)
+    for f in sorted((dest / "train").glob("*.parquet")):
+        t = pq.read_table(f)
+        ids = t["item_id"].to_numpy().copy()
+        ids[::every] = 10_000
+        t = t.set_column(t.schema.get_field_index("item_id"), "item_id", pa.array(ids))
+        pq.write_table(t, f, row_group_size=32)
+    return dest
+
+
+def test_two_process_ddp_on_uneven_files_finishes(tiny_data, tmp_path):
+    """Also: with ``validate="full"`` each rank checks half the row groups and the OOV report is
+    the whole split's on both ranks, as one process counts it."""
+    data = with_unknown_items(tiny_data, tmp_path / "data")
+    single = RecDataModule(str(data), batch_size=32, num_workers=0)
+    single.setup("fit")
+    assert single.oov_report["train"]["item_id"] > 0
+    out = tmp_path / "ranks.json"
+    proc = run_ddp_script(data, out, "full")
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(out.read_text())
     assert sorted(ranks) == ["0", "1"]
@@ -111,3 +137,22 @@ def test_two_process_ddp_on_uneven_files_finishes(tiny_data, tmp_path):
     assert train_rows == set(range(515))
     val_rows = sorted(r for k in ranks for b in ranks[k]["val"] for r in b)
     assert val_rows == sorted(list(range(515, 635)) * 2)  # every validation row exactly once per epoch
+    assert ranks["0"]["oov"] == ranks["1"]["oov"] == single.oov_report
+
+
+def test_bad_data_on_one_ddp_rank_stops_every_rank(tiny_data, tmp_path):
+    """The value check's OOV sum is a collective: a rank that finds bad data must not leave the
+    other waiting in it. Both exit at once, one naming the file, the other pointing to it."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    f = sorted((data / "train").glob("*.parquet"))[-1]
+    t = pq.read_table(f)
+    label = t["label"].to_numpy().astype(np.float32)
+    label[-1] = 3.0  # in the file's last row group only: one rank's share
+    pq.write_table(
+        t.set_column(t.schema.get_field_index("label"), "label", pa.array(label)), f, row_group_size=32
+    )
+    proc = run_ddp_script(data, tmp_path / "ranks.json", "full")
+    assert proc.returncode != 0
+    assert f"{f.name}" in proc.stderr and "outside [0, 1]" in proc.stderr
+    assert "bad data found by 1 other rank(s)" in proc.stderr

@@ -314,14 +314,37 @@ class RecDataModule(pl.LightningDataModule):
         return SplitIndex.from_paths(split, files)
 
     def check_values(self, index: SplitIndex) -> dict[str, int]:
-        """Decode every row group once (the same checks as training reads); return OOV counts.
-        Under DDP each rank checks every world-th row group, so the data is decoded once in all."""
+        """Decode every row group once (the same checks as training reads); return the split's OOV
+        counts. Under DDP each rank checks every world-th row group, so the data is decoded once in
+        all, and the counts are summed over the ranks. A rank that finds bad data raises its error
+        only after that sum, and the others raise too: no rank is left waiting in a collective."""
         stream = ParquetStream(index, self.spec, batch_size=1, train=False, shuffle=False)
-        totals = np.zeros(len(self.oov_fields), dtype=np.int64)
+        counts = np.zeros(1 + len(self.oov_fields), dtype=np.int64)  # [ranks that failed, OOV...]
         rank, world = self._rank_world()
-        for g in index.groups[rank::world]:
-            totals += stream._group(g).oov_totals()
-        return dict(zip(self.oov_fields, totals.tolist()))
+        error = None
+        try:
+            for g in index.groups[rank::world]:
+                counts[1:] += stream._group(g).oov_totals()
+        except DataError as e:
+            error, counts[0] = e, 1
+        counts = self._sum_over_ranks(counts)
+        if error is not None:
+            raise error
+        if counts[0]:
+            raise DataError(
+                f"{index.name} split: bad data found by {counts[0]} other rank(s) while checking values; "
+                "their errors name the file, column and row group"
+            )
+        return dict(zip(self.oov_fields, counts[1:].tolist()))
+
+    def _sum_over_ranks(self, x: np.ndarray) -> np.ndarray:
+        """``x`` summed over the DDP ranks (as is without a process group)."""
+        t = self.trainer
+        if t is None or t.world_size == 1 or not torch.distributed.is_initialized():
+            return x
+        summed = torch.from_numpy(x).to(t.strategy.root_device)
+        torch.distributed.all_reduce(summed)
+        return summed.cpu().numpy()
 
     # -- loaders -------------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from recformer.data.batch import Batch, PackedBatch, numpy_dtype
 from recformer.data.schema import (
     DataError,
     Where,
+    cast_finite,
     check_finite,
     check_label,
     check_nonneg_ids,
@@ -416,6 +417,7 @@ class Decoder:
             check_finite(weight, where, spec.weight)
             if len(weight) and weight.min() < 0:
                 raise DataError(f"{where}: weight column {spec.weight!r} has negative values; expected >= 0")
+            weight = cast_finite(weight, np.float32, where, spec.weight)
         else:
             weight = np.ones(n)
         group = self._group(col(spec.group), where) if spec.group else np.full(n, -1, np.int64)
@@ -434,7 +436,7 @@ class Decoder:
             check_finite(x, where, f.name)
             if f.log1p:
                 x = np.sign(x) * np.log1p(np.abs(x))
-            dense[:, j] = (x - f.mean) / f.std
+            dense[:, j] = cast_finite((x - f.mean) / f.std, np.float32, where, f.name, " after normalisation")
 
         embs = [self._fixed_vectors(col(f.name), f.dim, f.name, where) for f in spec.embedding]
         emb = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
@@ -478,9 +480,9 @@ class Decoder:
                 f"{where}: column {name!r} row {i} has {lens[i]} values; "
                 f"the spec says dim={dim} for every row"
             )
-        vals = arr.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].astype(np.float32)
+        vals = arr.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].reshape(len(arr), dim)
         check_finite(vals, where, name)
-        return vals.reshape(len(arr), dim)
+        return cast_finite(vals, np.float32, where, name)
 
     def _sequence(self, col, n: int, where: Where) -> History | None:
         """The history columns, checked and still ragged, as table rows (see ``History``)."""
@@ -606,7 +608,10 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
         vecs = dec._fixed_vectors(
             table.column(it.content_column).chunk(0), it.content_dim, it.content_column, where
         )
-        content[torch.from_numpy(ids + 1)] = torch.from_numpy(vecs).to(torch.float16)
+        # The table is float16: a value past 65504 would become Inf in every batch that uses it.
+        content[torch.from_numpy(ids + 1)] = torch.from_numpy(
+            cast_finite(vecs, np.float16, where, it.content_column)
+        )
     for j, f in enumerate(it.features):
         r, _ = dec._cat_rows(table.column(f.name).chunk(0), f, where)
         feats[torch.from_numpy(ids + 1), j] = torch.from_numpy(r.astype(np.int64))

@@ -101,14 +101,20 @@ def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType],
         exp[spec.weight] = (_is_num, "float >= 0")
     if spec.group:
         exp[spec.group] = (lambda t: _is_int(t) or _is_str(t), "integer or string")
-    for k in spec.keys:
-        exp.setdefault(k, (_is_int, "integer (key columns are copied to predictions)"))
     for f in spec.categorical:
         exp[f.name] = _cat_check(f)
     for f in spec.dense:
         exp[f.name] = (_is_num, "float")
     for f in spec.embedding:
         exp[f.name] = (_FLOAT_VEC, f"list of float (length {f.dim})")
+    # Keys travel as int64 (Batch.keys) into the predictions: a key column must be an integer
+    # column whatever other role it has (a string group column hashes; a float one would truncate).
+    for k in spec.keys:
+        if k in exp:
+            pred, desc = exp[k]
+            exp[k] = (lambda t, pred=pred: pred(t) and _is_int(t), f"{desc}, and integer as a key column")
+        else:
+            exp[k] = (_is_int, "integer (key columns are copied to predictions)")
     if spec.sequence is not None:
         s = spec.sequence
         exp[s.item_column] = (_is_list_of(_is_int), "list of integer item ids")
@@ -168,6 +174,24 @@ def check_finite(x: np.ndarray, where: Where, col: str) -> None:
             f"{where}: column {col!r} has NaN or Inf in {len(bad_rows)} row(s) (first at batch row "
             f"{bad_rows[0]}); expected finite values"
         )
+
+
+def cast_finite(x: np.ndarray, dtype: type, where: Where, col: str, what: str = "") -> np.ndarray:
+    """``x`` (finite, checked) in ``dtype``, rejecting values beyond its range, which the cast
+    would turn into Inf (float32 past 3.4e38, float16 past 65504); ``what`` says what ``x`` is
+    when it is not the column's own values (e.g. " after normalisation")."""
+    out = x.astype(dtype, copy=False)
+    ok = np.isfinite(out)
+    if not ok.all():
+        bad_rows = np.flatnonzero(~ok.reshape(len(x), -1).all(axis=1))
+        flat = x.reshape(len(x), -1)[bad_rows[0]]
+        value = flat[~np.isfinite(out.reshape(len(x), -1)[bad_rows[0]])][0]
+        raise DataError(
+            f"{where}: column {col!r}{what} has values beyond {np.dtype(dtype).name}'s range "
+            f"(|x| <= {float(np.finfo(dtype).max):.4g}) in {len(bad_rows)} row(s) (first at batch row "
+            f"{bad_rows[0]}: {value:.4g})"
+        )
+    return out
 
 
 def check_label(y: np.ndarray, where: Where, col: str) -> None:
