@@ -126,6 +126,31 @@ def test_resume_refuses_other_files_of_the_same_size(tiny_data, tmp_path):
     make(tiny_data).load_resume_state(old)
 
 
+def test_partitioned_split_folders_are_read_whole(tiny_data, tmp_path, caplog):
+    """Logs partitioned into sub-folders (``train/date=.../part.parquet``) are all read; hidden and
+    bookkeeping files (``.crc``, ``_SUCCESS``, ``_temporary/``) are skipped; any other file is named
+    in a warning rather than skipped silently."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data, ignore=shutil.ignore_patterns("train"))
+    files = sorted((tiny_data / "train").glob("*.parquet"))
+    for k, f in enumerate(files):
+        (data / "train" / f"date=2026-01-0{k + 1}").mkdir(parents=True)
+        shutil.copy(f, data / "train" / f"date=2026-01-0{k + 1}" / f.name)
+    (data / "train" / "_SUCCESS").touch()
+    (data / "train" / "_temporary").mkdir()
+    shutil.copy(files[0], data / "train" / "_temporary" / "half-written.parquet")
+    (data / "train" / ".part.parquet.crc").touch()
+    (data / "train" / "notes.txt").write_text("not data")
+
+    def rows(d):
+        dm = RecDataModule(str(d), batch_size=64, num_workers=0, shuffle=False, validate="footer")
+        return sorted(r for b in dm.train_dataloader() for r in b.keys[:, 0].tolist())
+
+    with caplog.at_level("WARNING", logger="recformer.data.shards"):
+        assert rows(data) == rows(tiny_data)
+    assert "notes.txt" in caplog.text and "_SUCCESS" not in caplog.text
+
+
 def test_round_robin_replay_matches_dataloader_order():
     # Worker blocks of 3, 2, 2 batches: round robin 0,1,2,0,1,2,0.
     taken, order = round_robin_resume([3, 2, 2], 5)

@@ -4,7 +4,7 @@ Layout of a data directory::
 
     DIR/spec.yaml                 the FeatureSpec
     DIR/items.parquet             item side table (optional, named by the spec)
-    DIR/{train,val,test}/*.parquet
+    DIR/{train,val,test}/*.parquet  (or in sub-folders at any depth: date=.../part.parquet)
 
 Set-up reads every footer and checks every file's schema before the first batch; with
 ``validate="full"`` it also decodes every row once (label range, ids, NaN/Inf, list alignment) and

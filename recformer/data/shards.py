@@ -15,6 +15,7 @@ every batch computable (exact mid-epoch resume).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.data.schema import DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,22 +84,42 @@ def read_footer(path: str) -> pq.FileMetaData:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 
 
+def _hidden(path: Path, under: Path) -> bool:
+    """Hidden or bookkeeping (``.crc``, ``_SUCCESS``, ``_temporary/``) as Spark and Arrow datasets
+    write them: a name under ``under`` starting with ``.`` or ``_``."""
+    return any(part.startswith((".", "_")) for part in path.relative_to(under).parts)
+
+
+def _split_dir_files(d: Path) -> list[Path]:
+    """Every visible file under ``d``, at any depth (partitioned logs: ``d/date=.../part.parquet``)."""
+    return sorted(p for p in d.rglob("*") if p.is_file() and not _hidden(p, d)) if d.is_dir() else []
+
+
 def find_split_files(root: str | Path, split: str) -> list[Path]:
-    """``root/split/*.parquet`` (or ``root/split.parquet``), sorted; [] if there are none."""
+    """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
     root = Path(root)
-    d = root / split
-    files = sorted(d.glob("*.parquet")) if d.is_dir() else []
+    files = [p for p in _split_dir_files(root / split) if p.suffix == ".parquet"]
     if not files and (root / f"{split}.parquet").is_file():
         files = [root / f"{split}.parquet"]
     return files
 
 
 def list_split_files(root: str | Path, split: str) -> list[Path]:
-    """``find_split_files``, or an error naming where the files were expected."""
+    """``find_split_files``, or an error naming where the files were expected. Other visible files
+    in the split's folder are named in a warning, not read."""
     files = find_split_files(root, split)
+    d = Path(root) / split
     if not files:
-        d = Path(root) / split
         raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")
+    others = [str(p.relative_to(d)) for p in _split_dir_files(d) if p.suffix != ".parquet"]
+    if others:
+        log.warning(
+            "%s split: %d file(s) under %s are not *.parquet and are not read: %s",
+            split,
+            len(others),
+            d,
+            others[:10] + (["..."] if len(others) > 10 else []),
+        )
     return files
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.config import FeatureSpec
+from recformer.data.shards import find_split_files
 
 
 @dataclass
@@ -64,7 +65,7 @@ def _list_elements(meta: pq.FileMetaData, column: str) -> int:
 
 def summarize_split(split_dir: Path, spec: FeatureSpec) -> SplitSummary:
     s = SplitSummary(split_dir.name)
-    for path in sorted(split_dir.glob("*.parquet")):
+    for path in find_split_files(split_dir.parent, split_dir.name):  # the files the loader reads
         f = pq.ParquetFile(path)
         meta, schema = f.metadata, f.schema_arrow
         s.files += 1
@@ -87,7 +88,7 @@ def summarize_split(split_dir: Path, spec: FeatureSpec) -> SplitSummary:
 def summarize(root: Path) -> tuple[FeatureSpec, list[SplitSummary]]:
     root = Path(root)
     spec = FeatureSpec.load(root / "spec.yaml")
-    split_dirs = sorted(d for d in root.iterdir() if d.is_dir() and any(d.glob("*.parquet")))
+    split_dirs = sorted(d for d in root.iterdir() if d.is_dir() and find_split_files(root, d.name))
     if not split_dirs:
         raise FileNotFoundError(f"{root} has no split folder holding *.parquet files (e.g. {root}/train/)")
     # train / val / test first, in that order, then any other split folders by name.
