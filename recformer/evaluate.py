@@ -21,7 +21,7 @@ import torch
 
 from recformer.data.datamodule import RecDataModule
 from recformer.data.schema import DataError
-from recformer.metrics import StreamingEvaluator, delong_paired
+from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
 
 
 def load_module(ckpt: str | Path, device: str = "cpu"):
@@ -61,20 +61,23 @@ def evaluate(
         )
     dm.setup("predict")
     start = time.perf_counter()
-    paired: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    paired: list[tuple[np.ndarray, ...]] = []
     with StreamingEvaluator(max_rows_in_memory=max_rows_in_memory) as ev:
         for batch in dm.predict_dataloader():
             batch = batch.to(device)
             logits = module.net(batch).float()
             if other is not None:
-                paired.append(
-                    (logits.cpu().numpy(), other.net(batch).float().cpu().numpy(), batch.label.cpu().numpy())
-                )
-                if ev.rows > max_rows_in_memory:
+                # Checked before this batch's rows join: the main metrics must stay exact as well.
+                if ev.rows + len(batch) > max_rows_in_memory:
                     raise ValueError(
                         f"--compare keeps every score in memory; {split} has more than "
                         f"--max-rows-in-memory={max_rows_in_memory} rows"
                     )
+                paired.append(
+                    tuple(
+                        t.cpu().numpy() for t in (logits, other.net(batch).float(), batch.label, batch.weight)
+                    )
+                )
             ev.update(
                 logits.cpu().numpy(),
                 batch.label.cpu().numpy(),
@@ -83,8 +86,11 @@ def evaluate(
             )
         result = ev.compute().to_dict()
     if other is not None:
-        a, b, y = (np.concatenate(c) for c in zip(*paired))
-        result["compare"] = {"checkpoint": str(compare), "arch": other.arch, **delong_paired(a, b, y)}
+        result["compare"] = {
+            "checkpoint": str(compare),
+            "arch": other.arch,
+            **compare_aucs(*paired_arrays(paired)),
+        }
     result.update(
         checkpoint=str(ckpt),
         data=str(data),
@@ -95,6 +101,38 @@ def evaluate(
     return result
 
 
+def paired_arrays(paired: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    return tuple(np.concatenate(c) for c in zip(*paired))
+
+
+def compare_aucs(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, Any]:
+    """Both models' AUCs on the same rows, weighted as the report's ``auc`` is, and the paired
+    DeLong test of their difference where it applies. DeLong's test is for unweighted rows with
+    0/1 labels: with sample weights it runs on the unweighted AUCs (reported beside, and said so
+    in ``note``); with soft labels there is no test, only the two AUCs and the reason."""
+
+    def auc(scores: np.ndarray) -> float:
+        try:
+            return exact_auc(scores, y, w)
+        except ValueError:  # one label class: undefined, as the report's own auc
+            return math.nan
+
+    out: dict[str, Any] = {"auc_a": auc(a), "auc_b": auc(b)}
+    try:
+        test = delong_paired(a, b, y)
+    except ValueError as e:  # soft labels, or too few of a class: the rest of the report stands
+        out["note"] = f"no paired DeLong test: {e}"
+        return out
+    out.update({k: test[k] for k in ("diff", "lo", "hi", "se", "p_value")})
+    if not (w == w[0]).all():
+        out["auc_a_unweighted"], out["auc_b_unweighted"] = test["auc_a"], test["auc_b"]
+        out["note"] = (
+            "the paired DeLong test ignores sample weights: diff, its interval and p are of the "
+            "unweighted AUCs (auc_a_unweighted - auc_b_unweighted)"
+        )
+    return out
+
+
 def format_table(r: dict[str, Any]) -> str:
     def f(x: float) -> str:
         return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
@@ -103,7 +141,8 @@ def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"split {r['split']} of {r['data']}: {r['rows']} rows, base rate {f(r['base_rate'])}",
         f"  AUC          {f(r['auc'])}  95% CI {ci}",
-        f"  GAUC         {f(r['gauc'])}  over {r['gauc_groups']} groups",
+        f"  GAUC         {f(r['gauc'])}  over {r['gauc_groups']} groups ({r['gauc_groups_excluded']} "
+        f"single-class groups left out: {f(r['gauc_excluded_share'])} of the weight)",
         f"  logloss      {f(r['logloss'])}",
         f"  NE           {f(r['ne'])}",
         f"  calibration  {f(r['calibration'])}  (mean prediction / mean label)",
@@ -111,10 +150,15 @@ def format_table(r: dict[str, Any]) -> str:
     ]
     if "compare" in r:
         c = r["compare"]
-        lines.append(
-            f"  AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
-            f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], p = {c['p_value']:.2g} (paired DeLong)"
-        )
+        if "diff" in c:
+            lines.append(
+                f"  AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
+                f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], p = {c['p_value']:.2g} (paired DeLong)"
+            )
+        else:
+            lines.append(f"  AUC of {c['checkpoint']} ({c['arch']}): {f(c['auc_b'])}")
+        if "note" in c:
+            lines.append(f"    ({c['note']})")
     for row in r["calibration_table"]:
         pred, obs, n = row["mean_pred"], row["mean_label"], int(row["rows"])
         lines.append(f"    {int(row['bin']):>3}  {pred:.3f}  {obs:.3f}  ({n} rows)")

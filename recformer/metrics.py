@@ -30,7 +30,7 @@ import math
 import shutil
 import tempfile
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -202,7 +202,9 @@ class Calibration(_WeightedSums):
     higher_is_better = None
 
     def compute(self) -> torch.Tensor:
-        return (self.pred_sum / self.label_sum).float()
+        # No positives: undefined (NaN), as the offline ``calibration``, not inf.
+        ratio = self.pred_sum / self.label_sum
+        return torch.where(self.label_sum > 0, ratio, torch.full_like(ratio, math.nan)).float()
 
 
 class GroupAUC(Metric):
@@ -215,7 +217,8 @@ class GroupAUC(Metric):
     concatenated across ranks (``dist_reduce_fx="cat"``) at compute time. Fine for validation sets
     (10M rows = 200 MB); for larger offline data use ``StreamingEvaluator``. ``compute`` is
     vectorised (sort by group then score, ties by run, segment sums), no Python loop over groups.
-    NaN when no group holds both labels.
+    NaN when no group holds both labels, and NaN when any logit is NaN (as ``BinnedAUC``): a sort
+    would rank NaN above every score and report a finite GAUC of a diverged model.
     """
 
     is_differentiable = False
@@ -255,7 +258,7 @@ class GroupAUC(Metric):
         x = dim_zero_cat(self.logits).double()
         y = dim_zero_cat(self.labels).double()
         w = dim_zero_cat(self.weights).double()
-        if g.numel() == 0:
+        if g.numel() == 0 or bool(torch.isnan(x).any()):
             return torch.tensor(math.nan, device=self.device)
         num_G, pos_G, neg_G = _grouped_auc_torch(g, x, w * y, w * (1 - y))
         used_G = (pos_G > 0) & (neg_G > 0)
@@ -471,12 +474,45 @@ def delong_paired(scores_a: Any, scores_b: Any, labels: Any, alpha: float = 0.95
     }
 
 
-def _gauc_sums(codes: np.ndarray, s: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float, int]:
-    """(sum of group weight * group AUC, sum of group weight, groups used) over usable groups."""
+@dataclass
+class _GaucSums:
+    """Partial sums of GAUC over some groups (added up over spill partitions)."""
+
+    total: float = 0.0
+    """Sum of group weight * group AUC over the groups holding both labels."""
+    weight: float = 0.0
+    """Their summed weight."""
+    used: int = 0
+    """Groups holding both labels."""
+    excluded: int = 0
+    """Groups holding one label class only (no AUC of their own)."""
+    excluded_weight: float = 0.0
+
+    def __add__(self, o: _GaucSums) -> _GaucSums:
+        return _GaucSums(*(a + b for a, b in zip(astuple(self), astuple(o))))
+
+    @property
+    def gauc(self) -> float:
+        return self.total / self.weight if self.used else math.nan
+
+    @property
+    def excluded_share(self) -> float:
+        """Share of the weight (of the rows, unweighted) in excluded groups."""
+        all_weight = self.weight + self.excluded_weight
+        return self.excluded_weight / all_weight if all_weight > 0 else math.nan
+
+
+def _gauc_sums(codes: np.ndarray, s: np.ndarray, y: np.ndarray, w: np.ndarray) -> _GaucSums:
     num, pos, neg = _grouped_auc_terms(codes, s, w * y, w * (1 - y))
     used = (pos > 0) & (neg > 0)
     gw = (pos + neg)[used]
-    return float((gw * num[used] / (pos * neg)[used]).sum()), float(gw.sum()), int(used.sum())
+    return _GaucSums(
+        total=float((gw * num[used] / (pos * neg)[used]).sum()),
+        weight=float(gw.sum()),
+        used=int(used.sum()),
+        excluded=int((~used).sum()),
+        excluded_weight=float((pos + neg)[~used].sum()),
+    )
 
 
 def gauc(groups: Any, scores: Any, labels: Any, weights: Any = None) -> tuple[float, int]:
@@ -487,11 +523,10 @@ def gauc(groups: Any, scores: Any, labels: Any, weights: Any = None) -> tuple[fl
     (group, score) and segment sums, no loop over groups. ``groups`` may be integers or strings.
     """
     s, y, w = _check_arrays(scores, labels, weights)
-    codes = _group_codes(groups, s.size)
-    total, gw, used = _gauc_sums(codes, s, y, w)
-    if used == 0:
+    sums = _gauc_sums(_group_codes(groups, s.size), s, y, w)
+    if sums.used == 0:
         raise ValueError("GAUC is undefined: no group holds both a positive and a negative label")
-    return total / gw, used
+    return sums.gauc, sums.used
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -557,8 +592,10 @@ def _calibration_rows(pred_lo, pred_hi, weight, pred_sum, label_sum, rows) -> li
 def calibration_table(
     logits: Any, labels: Any, bins: int = 10, weights: Any = None
 ) -> list[dict[str, float]]:
-    """Reliability table: rows sorted by predicted probability and cut into ``bins`` equal-count
-    bins (deciles by default); per bin the weighted mean prediction vs the weighted mean label.
+    """Reliability table: rows sorted by predicted probability and cut into ``bins`` bins of equal
+    weight (equal row counts when unweighted; deciles by default), a row going to the bin its
+    cumulative weight before it falls in, which is also how ``StreamingEvaluator`` cuts its
+    histogram once rows spill; per bin the weighted mean prediction vs the weighted mean label.
 
     Returns one dict per bin: bin, rows, weight, pred_min, pred_max, mean_pred, mean_label, ratio.
     """
@@ -569,16 +606,28 @@ def calibration_table(
         raise ValueError(f"calibration_table needs at least bins={bins} rows, found {x.size}")
     order = np.argsort(x, kind="mergesort")
     p, y, w = _sigmoid(x[order]), y[order], w[order]
-    cuts = np.linspace(0, x.size, bins + 1).round().astype(np.int64)
-    lo, hi = cuts[:-1], cuts[1:]
+    k = _equal_weight_bins(w, bins)
+    n = np.bincount(k, minlength=bins)
+    hi = np.cumsum(n)  # k is non-decreasing: bin i holds sorted rows hi[i] - n[i] .. hi[i] - 1
+    has = n > 0
+    lo_p = np.where(has, p[np.minimum(hi - n, p.size - 1)], math.nan)
+    hi_p = np.where(has, p[np.maximum(hi - 1, 0)], math.nan)
     return _calibration_rows(
-        p[lo],
-        p[hi - 1],
-        np.add.reduceat(w, lo),
-        np.add.reduceat(w * p, lo),
-        np.add.reduceat(w * y, lo),
-        hi - lo,
+        lo_p,
+        hi_p,
+        np.bincount(k, w, bins),
+        np.bincount(k, w * p, bins),
+        np.bincount(k, w * y, bins),
+        n,
     )
+
+
+def _equal_weight_bins(w: np.ndarray, bins: int) -> np.ndarray:
+    """Bin of each (sorted) row or histogram cell: ``floor(bins * weight before it / total)``."""
+    total = w.sum()
+    if total <= 0:
+        return np.minimum(np.arange(w.size) * bins // max(w.size, 1), bins - 1)
+    return np.minimum(((np.cumsum(w) - w) / total * bins).astype(np.int64), bins - 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -613,6 +662,10 @@ class EvalResult:
     """Impression-weighted group AUC (NaN without groups)."""
     gauc_groups: int
     """Groups holding both labels, i.e. those GAUC averages over."""
+    gauc_groups_excluded: int
+    """Groups holding one label class only: GAUC leaves them out."""
+    gauc_excluded_share: float
+    """Their share of the weight (of the rows, unweighted); NaN without groups."""
     logloss: float
     """Weighted mean binary cross-entropy (nats)."""
     ne: float
@@ -620,7 +673,8 @@ class EvalResult:
     calibration: float
     """Mean predicted probability / mean label."""
     calibration_table_exact: bool
-    """Whether the calibration table cuts exact equal-count bins (else at histogram-bin edges)."""
+    """Whether the calibration table cuts its equal-weight bins at exact rows (else at
+    histogram-bin edges)."""
     calibration_table: list[dict[str, float]] = field(default_factory=list)
     """Per-bin mean predicted vs observed (see ``calibration_table``)."""
 
@@ -657,7 +711,10 @@ class StreamingEvaluator:
       negatives, predicted-probability sums) for the binned AUC and an approximate calibration
       table, and running sums for logloss, NE and calibration, which are exact at any size.
     - Up to ``max_rows_in_memory`` rows: the rows themselves (~32 bytes each), so AUC (with its
-      DeLong interval), GAUC and the calibration table are exact.
+      DeLong interval), GAUC and the calibration table are exact. ``compute`` on them needs about
+      five times that at its peak (concatenation, sorts, midranks: ~180 bytes a row in all, so
+      the default 20M rows can take ~3.6 GB), and ``recformer evaluate --compare`` holds two
+      models' scores besides.
     - Beyond that, rows are spilled to ``n_partitions`` temporary Parquet files partitioned by a
       hash of the group key, and the buffer is flushed whenever it refills, so memory stays at
       ``max_rows_in_memory`` rows. AUC falls back to the binned one (``auc_exact=False``). GAUC stays
@@ -783,8 +840,8 @@ class StreamingEvaluator:
             writers[k].write_table(t)
 
     # -- results -----------------------------------------------------------------------------------
-    def _spilled_gauc(self, files: list[Path], seed: int) -> tuple[float, float, int]:
-        total, gw, used = 0.0, 0.0, 0
+    def _spilled_gauc(self, files: list[Path], seed: int) -> _GaucSums:
+        sums = _GaucSums()
         for f in files:
             meta = pq.ParquetFile(f)
             if meta.metadata.num_rows > self.max_rows_in_memory and seed < 4:
@@ -805,18 +862,15 @@ class StreamingEvaluator:
                 s = t.column("score").to_numpy()
                 codes = _group_codes(t.column("group").to_numpy(zero_copy_only=False), s.size)
                 parts = _gauc_sums(codes, s, t.column("label").to_numpy(), t.column("weight").to_numpy())
-            total, gw, used = total + parts[0], gw + parts[1], used + parts[2]
-        return total, gw, used
+            sums = sums + parts
+        return sums
 
     def _histogram_calibration_table(self) -> list[dict[str, float]]:
         """Equal-weight bins cut at histogram-bin edges (each histogram bin goes whole to one row)."""
         wt = self.pos_hist + self.neg_hist
         if wt.sum() <= 0:
             return []
-        cum_before = np.cumsum(wt) - wt
-        k = np.minimum(
-            (cum_before / wt.sum() * self.calibration_bins).astype(np.int64), self.calibration_bins - 1
-        )
+        k = _equal_weight_bins(wt, self.calibration_bins)
         nb = self.calibration_bins
         edges = np.linspace(-self.logit_range, self.logit_range, self.n_bins + 1)
         occupied = self.rows_hist > 0
@@ -846,7 +900,7 @@ class StreamingEvaluator:
         with np.errstate(invalid="ignore", divide="ignore"):
             auc_binned = float(_histogram_auc(self.pos_hist, self.neg_hist))
         auc, lo, hi, se = auc_binned, math.nan, math.nan, math.nan
-        g_auc, g_used = math.nan, 0
+        gs = _GaucSums()
         cal_table = None
         if not self.spilled:
             g, x, y, w = (np.concatenate(c) for c in zip(*self._buf))
@@ -855,8 +909,7 @@ class StreamingEvaluator:
             if unweighted_binary and (y == 1).sum() >= 2 and (y == 0).sum() >= 2:
                 auc, lo, hi, se = delong_ci(x, y, self.ci_alpha)
             if self.has_groups:
-                total, gw, g_used = _gauc_sums(_group_codes(g, x.size), x, y, w)
-                g_auc = total / gw if g_used else math.nan
+                gs = _gauc_sums(_group_codes(g, x.size), x, y, w)
             if x.size >= self.calibration_bins:
                 cal_table = calibration_table(x, y, self.calibration_bins, w)
         else:
@@ -867,8 +920,7 @@ class StreamingEvaluator:
             self._closed_spill = True
             if self.has_groups:
                 assert self._spill_dir is not None
-                total, gw, g_used = self._spilled_gauc(sorted(self._spill_dir.glob("part-*.parquet")), seed=0)
-                g_auc = total / gw if g_used else math.nan
+                gs = self._spilled_gauc(sorted(self._spill_dir.glob("part-*.parquet")), seed=0)
         return EvalResult(
             rows=self.rows,
             weight_sum=wsum,
@@ -879,8 +931,10 @@ class StreamingEvaluator:
             auc_lo=lo,
             auc_hi=hi,
             auc_se=se,
-            gauc=g_auc,
-            gauc_groups=g_used,
+            gauc=gs.gauc,
+            gauc_groups=gs.used,
+            gauc_groups_excluded=gs.excluded,
+            gauc_excluded_share=gs.excluded_share,
             logloss=ll,
             ne=ll / h if h > 0 else math.nan,
             calibration=float(self.pred_hist.sum() / ysum) if ysum > 0 else math.nan,

@@ -130,8 +130,14 @@ def test_calibration_table_per_bin_means():
     _, x, y, w = _data(103, seed=6)
     rows = calibration_table(x, y, bins=4, weights=w)
     order = np.argsort(x)
-    cuts = np.linspace(0, 103, 5).round().astype(int)
+    # Equal-weight bins: a row goes to the bin its cumulative weight before it falls in.
+    before = np.cumsum(w[order]) - w[order]
+    k = np.minimum((4 * before / w.sum()).astype(int), 3)
+    cuts = np.searchsorted(k, np.arange(5))
     assert [r["rows"] for r in rows] == list(np.diff(cuts))
+    assert [r["weight"] for r in rows] == pytest.approx([w.sum() / 4] * 4, rel=0.1)
+    unweighted = calibration_table(x, y, bins=4)
+    assert [r["rows"] for r in unweighted] == [26, 26, 26, 25]  # equal counts without weights
     for r, lo, hi in zip(rows, cuts[:-1], cuts[1:]):
         idx = order[lo:hi]
         p = 1 / (1 + np.exp(-x[idx]))
@@ -292,6 +298,47 @@ def test_streaming_spilled_gauc_stays_exact(tmp_path):
         assert r.logloss == pytest.approx(logloss(x, y, w), rel=1e-12)
         assert sum(row["rows"] for row in r.calibration_table) == 5_000
         assert list(tmp_path.iterdir()) == []  # close() removed the spill directory
+
+
+def test_calibration_table_means_the_same_in_memory_and_spilled(tmp_path):
+    """Weighted data: the exact table and the histogram one (after a spill) cut the same
+    equal-weight bins, so the two agree up to the histogram's resolution."""
+    g, x, y, w = _data(6_000, seed=13)
+    w = w * np.where(x > 0, 10.0, 1.0)  # weight concentrated on high scores
+    tables = []
+    for limit in (10_000, 1_000):
+        with StreamingEvaluator(max_rows_in_memory=limit, calibration_bins=4, spill_dir=tmp_path) as ev:
+            r = _stream(ev, g, x, y, w)
+        tables.append(r.calibration_table)
+        assert r.calibration_table_exact == (limit == 10_000)
+    exact, binned = tables
+    assert [t["weight"] for t in binned] == pytest.approx([t["weight"] for t in exact], rel=0.01)
+    assert [t["mean_pred"] for t in binned] == pytest.approx([t["mean_pred"] for t in exact], abs=2e-3)
+
+
+def test_gauc_reports_the_groups_it_leaves_out():
+    g = np.array([1, 1, 2, 2, 3, 3, 3, 4])
+    x = np.array([0.1, 0.9, 0.2, 0.8, 0.3, 0.4, 0.5, 0.6])
+    y = np.array([0, 1, 1, 0, 1, 1, 1, 0])  # groups 3 (all positive) and 4 (one row) lack a class
+    with StreamingEvaluator() as ev:
+        ev.update(x, y, groups=g)
+        r = ev.compute()
+    assert r.gauc_groups == 2 and r.gauc_groups_excluded == 2
+    assert r.gauc_excluded_share == pytest.approx(4 / 8)
+    assert r.gauc == pytest.approx(0.5)  # group 1 ranks right, group 2 wrong
+
+
+def test_torch_gauc_and_calibration_refuse_to_hide_a_bad_epoch():
+    m = GroupAUC()
+    m.update(
+        torch.tensor([0.1, float("nan"), 0.3, 0.9]),
+        torch.tensor([0.0, 1.0, 0.0, 1.0]),
+        torch.tensor([1, 1, 2, 2]),
+    )
+    assert math.isnan(m.compute())  # a NaN logit: NaN, not the AUC of the rest
+    c = Calibration()
+    c.update(torch.tensor([0.1, -0.3]), torch.tensor([0.0, 0.0]))
+    assert math.isnan(c.compute())  # no positives: undefined, not inf
 
 
 def test_streaming_rejects_bad_batches():

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -19,7 +21,8 @@ from recformer.__main__ import main as recformer_main
 from recformer.cli import cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
-from recformer.evaluate import evaluate
+from recformer.evaluate import compare_aucs, evaluate
+from recformer.metrics import exact_auc
 from recformer.module import RankerModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +115,13 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     assert 0 < r["logloss"] < 2 and r["gauc_groups"] > 0
     same = evaluate(ckpt, tiny_data, split="test", batch_size=32, num_workers=0, compare=ckpt)["compare"]
     assert same["auc_a"] == same["auc_b"] == pytest.approx(r["auc"]) and same["diff"] == 0
+    assert "note" not in same  # unweighted 0/1 labels: the test applies as it is
+    assert r["gauc_groups_excluded"] >= 0 and 0 <= r["gauc_excluded_share"] <= 1
+    # 90 rows in batches of 32, 26: the guard trips on the batch that would pass the limit.
+    with pytest.raises(ValueError, match="max-rows-in-memory=89"):
+        evaluate(
+            ckpt, tiny_data, split="test", batch_size=32, num_workers=0, max_rows_in_memory=89, compare=ckpt
+        )
     pred_cli = cli_main(
         [
             "predict",
@@ -130,6 +140,24 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     pred = pq.read_table(Path(pred_cli.trainer.log_dir) / "predictions.parquet").to_pydict()
     assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
     assert all(0 < s < 1 for s in pred["score"])
+
+
+def test_compare_with_weights_or_soft_labels_says_what_it_tested():
+    rng = np.random.default_rng(0)
+    y = (rng.random(400) < 0.4).astype(float)
+    a, b = y + rng.normal(0, 1.0, 400), y + rng.normal(0, 1.5, 400)
+    w = rng.uniform(0.1, 3.0, 400)
+    unweighted = compare_aucs(a, b, y, np.ones(400))
+    assert unweighted["diff"] == pytest.approx(unweighted["auc_a"] - unweighted["auc_b"])
+    assert "note" not in unweighted
+    weighted = compare_aucs(a, b, y, w)
+    assert weighted["auc_a"] == pytest.approx(exact_auc(a, y, w))  # as the report's own (weighted) auc
+    assert weighted["diff"] == pytest.approx(weighted["auc_a_unweighted"] - weighted["auc_b_unweighted"])
+    assert "ignores sample weights" in weighted["note"]
+    soft = compare_aucs(a, b, np.clip(y * 0.9 + 0.05, 0, 1), np.ones(400))
+    assert "diff" not in soft and "soft labels" in soft["note"] and 0 < soft["auc_a"] < 1
+    one_class = compare_aucs(a, b, np.ones(400), np.ones(400))
+    assert math.isnan(one_class["auc_a"]) and "no paired DeLong test" in one_class["note"]
 
 
 def test_evaluate_cli_writes_json(tiny_data, tmp_path):
