@@ -1,7 +1,7 @@
 """AdamW parameter groups from explicit rules, muP learning-rate scaling, and the LR schedule.
 
 Groups (DESIGN section 5): every trainable parameter is classified by the model itself
-(``ranker.param_kinds()``: name -> "hidden" | "embedding" | "vector" | "readout"), then placed by an
+(``ranker.param_kinds()``: name -> "hidden" | "input" | "embedding" | "vector" | "readout"), then placed by an
 ordered list of ``GroupRule``; the first rule that matches wins. Coverage is checked both ways: a
 parameter that no rule matches raises, and so does a rule that matches nothing (unless that rule is
 marked ``allow_empty``), so a renamed module can never silently move a matrix out of weight decay.
@@ -10,7 +10,9 @@ muP (Yang et al. 2022, "Tensor Programs V", Table 3, Adam column; the ``mup`` pa
 with width multiplier m = d_model / base_d_model,
 
 - hidden matrices (both dimensions grow with width): Adam LR / m;
-- embedding tables (only the output dimension grows): base LR;
+- input matrices (projections of a fixed number of input features: only the output dimension
+  grows) and embedding tables: base LR. Both are muP "input weights"; they differ in weight decay,
+  which input projections get like any dense matrix (DESIGN section 5) and tables do not;
 - vectors (norm gains, biases): base LR;
 - readout (only the input dimension grows): base LR, *because* the 1/m factor lives in the
   forward pass (the model scales the readout input by 1/m, like ``mup.MuReadout``'s output
@@ -30,7 +32,7 @@ from torch import nn
 
 from recformer.config import OptimConfig
 
-PARAM_KINDS = ("hidden", "embedding", "vector", "readout")
+PARAM_KINDS = ("hidden", "input", "embedding", "vector", "readout")
 """The kinds a model's ``param_kinds()`` may assign to a parameter."""
 
 
@@ -72,9 +74,17 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         allow_empty=True,
     ),
     GroupRule(
+        "input",
+        lambda name, kind, ndim: kind == "input" and ndim >= 2,
+        "kind 'input', ndim >= 2 (projections of input features)",
+        decay=True,  # a dense matrix, updated by every sample
+        mup_lr_div_width=False,  # fixed fan-in: a muP input weight
+        allow_empty=True,  # a spec without dense, embedding or content inputs has none
+    ),
+    GroupRule(
         "embedding",
         lambda name, kind, ndim: kind == "embedding",
-        "kind 'embedding' (tables, input projections, learned CLS/slot vectors)",
+        "kind 'embedding' (tables, learned CLS/slot vectors)",
         decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
         mup_lr_div_width=False,
     ),
@@ -86,7 +96,7 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         mup_lr_div_width=False,
     ),
 )
-"""hidden matrices, readout, embedding tables, vectors (norm gains and biases)."""
+"""hidden matrices, readout, input projections, embedding tables, vectors (norm gains and biases)."""
 
 
 def _trainable_named_params(model: nn.Module, kinds: dict[str, str]) -> list[tuple[str, nn.Parameter]]:

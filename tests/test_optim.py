@@ -83,11 +83,53 @@ def test_empty_rule_raises_with_its_name():
     kinds = {**KINDS, "head.weight": "hidden"}  # no readout left: allowed, the rule is optional
     assert "readout" not in _groups(kinds=kinds)
     strict = [replace(r, allow_empty=False) for r in DEFAULT_RULES]
-    with pytest.raises(ValueError, match=r"\['readout'\] matched no trainable parameter"):
+    with pytest.raises(ValueError, match=r"\['readout', 'input'\] matched no trainable parameter"):
         _groups(kinds=kinds, rules=strict)
     no_emb = {**KINDS, "emb.weight": "hidden"}
     with pytest.raises(ValueError, match=r"\['embedding'\] matched no"):
         _groups(kinds=no_emb)
+
+
+def test_ranker_input_projections_decay_and_keep_the_base_lr_under_mup():
+    """Projections of the dense / embedding / content inputs are dense matrices (decayed, DESIGN
+    section 5) with a fixed fan-in (a muP input weight: LR constant in width); embedding tables and
+    the CLS / slot vectors are not decayed."""
+    from recformer.config import RankerConfig
+    from recformer.model.baselines import build_model
+    from tests.conftest import tiny_spec
+
+    for arch, mup in (("transformer", True), ("din", False)):  # DIN has no muP: build_model refuses it
+        init = "mup" if mup else "normal"
+        cfg = RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=mup, init=init, base_d_model=8)
+        model = build_model(arch, cfg, tiny_spec().dims())
+        groups = {
+            g["name"]: g
+            for g in build_param_groups(
+                model, model.param_kinds(), OptimConfig(lr=1e-3), width_mult=4.0, mup=mup,
+                rules=getattr(model, "optimizer_rules", None),
+            )
+        }  # fmt: skip
+        assert sorted(groups["input"]["param_names"]) == [
+            "tokens.content_proj.weight", "tokens.dense_proj.weight", "tokens.emb_proj.0.weight"
+        ], arch  # fmt: skip
+        assert groups["input"]["weight_decay"] == 0.1 and groups["input"]["lr"] == pytest.approx(1e-3)
+        assert sorted(groups["embedding"]["param_names"]) == [
+            "tokens.cls",
+            "tokens.slot_emb",
+            "tokens.table.weight",
+        ]
+        assert groups["embedding"]["weight_decay"] == 0.0
+
+
+def test_din_refuses_mup():
+    from recformer.config import RankerConfig
+    from recformer.model.baselines import build_model
+    from tests.conftest import tiny_spec
+
+    with pytest.raises(ValueError, match="arch='din' does not implement muP"):
+        build_model(
+            "din", RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=True, init="mup"), tiny_spec().dims()
+        )
 
 
 def test_unknown_and_unmatched_params_raise():

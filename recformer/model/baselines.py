@@ -90,10 +90,10 @@ class DINRanker(nn.Module):
         self.tokens.set_item_tables(content, features)
 
     def param_kinds(self) -> dict[str, str]:
-        kinds = {}
+        kinds = self.tokens.param_kinds("tokens.")
         for name, p in self.named_parameters():
             if name.startswith("tokens."):
-                kinds[name] = "embedding"
+                continue
             elif name == "out.weight":
                 kinds[name] = "readout"
             else:
@@ -120,6 +120,12 @@ def build_model(arch: Arch, cfg: RankerConfig, dims: FeatureDims) -> nn.Module:
     if arch == "transformer":
         return Ranker(cfg, dims)
     if arch == "din":
+        if cfg.mup:
+            # Its MLPs would get muP's hidden LR / m, but not its init or readout scaling.
+            raise ValueError(
+                "arch='din' does not implement muP (its init and readout do not scale with width); "
+                "set model.ranker.mup=false for the DIN baseline"
+            )
         return DINRanker(cfg, dims)
     if arch == "popularity":
         return PopularityRanker(cfg, dims)

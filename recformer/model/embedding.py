@@ -110,6 +110,21 @@ class FeatureTokenizer(nn.Module):
 
     # -- item side tables ------------------------------------------------------------------------
     @torch.no_grad()
+    def param_kinds(self, prefix: str = "tokens.") -> dict[str, str]:
+        """Optimizer / muP kind of each of its parameters (``recformer.optim``), names under
+        ``prefix``: the input projections' weights ``input`` (dense matrices of a fixed fan-in:
+        decayed, LR constant in width), their biases ``vector``, the tables and learned CLS / slot
+        vectors ``embedding`` (not decayed)."""
+        kinds = {}
+        for mod_name, module in self.named_modules():
+            for p_name, _ in module.named_parameters(recurse=False):
+                name = f"{prefix}{mod_name}.{p_name}" if mod_name else f"{prefix}{p_name}"
+                if isinstance(module, nn.Linear):
+                    kinds[name] = "input" if p_name == "weight" else "vector"
+                else:
+                    kinds[name] = "embedding"
+        return kinds
+
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
         """Copy the item side table into the buffers (row 0 = OOV); shapes must match FeatureDims."""
         d = self.dims

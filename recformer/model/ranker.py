@@ -29,7 +29,7 @@ from recformer.model.embedding import FeatureTokenizer
 from recformer.model.init import init_weights
 from recformer.model.norms import make_norm
 
-ParamKind = Literal["hidden", "embedding", "vector", "readout"]
+ParamKind = Literal["hidden", "input", "embedding", "vector", "readout"]
 
 
 class Head(nn.Module):
@@ -95,17 +95,19 @@ class Ranker(nn.Module):
     def param_kinds(self) -> dict[str, ParamKind]:
         """muP / optimizer category of every parameter (Yang et al. 2022, Table 3 for Adam):
 
-        - ``embedding``: tables, CLS / slot embeddings and input projections (fixed fan-in):
-          init and Adam LR constant in width;
+        - ``input``: projections of the dense, embedding and content inputs (fixed fan-in): init
+          and Adam LR constant in width, weight decay as any dense matrix;
+        - ``embedding``: tables and CLS / slot embeddings: init and Adam LR constant in width, no
+          weight decay;
         - ``hidden``: matrices with both dimensions proportional to width: init std / sqrt(m),
           Adam LR / m;
         - ``vector``: norm gains and biases: constant;
         - ``readout``: the head's last weight: constant LR, its input is scaled by 1/m instead.
         """
-        kinds: dict[str, ParamKind] = {}
+        kinds: dict[str, ParamKind] = self.tokens.param_kinds("tokens.")
         for name, p in self.named_parameters():
             if name.startswith("tokens."):
-                kinds[name] = "embedding"
+                continue
             elif name == "head.out.weight":
                 kinds[name] = "readout"
             elif p.ndim == 1:
