@@ -6,7 +6,11 @@ standard deviations (an exponential moving mean and variance over ~``window`` st
 but the check stays on the device: a few scalar ops on the loss Lightning already has
 (``outputs["loss"]``, already reduced over the batch; under DDP rank 0 judges its own loss, no
 collective is added), no host copy. Spikes do not enter the running statistics, so one spike does
-not hide the next. On log steps the sink receives:
+not hide the next; but a run of ``shift_steps`` spikes in a row is a lasting level shift, not a
+spike: the mean moves to the run's mean and detection goes on from there (otherwise every later
+step would count). Lightning hands the callback a loss divided by ``accumulate_grad_batches``; it is
+scaled back, and judged once per optimizer step (its first micro-batch). On log steps the sink
+receives:
 
 - ``health/loss_spike``: spikes since the previous log step;
 - ``health/loss_z_max``: the largest (loss - mean) / std since the previous log step;
@@ -35,6 +39,7 @@ class LossSpikes(MetricSource):
         threshold: float = 6.0,
         window: int = 100,
         warmup_steps: int = 50,
+        shift_steps: int = 10,
     ) -> None:
         """
         Args:
@@ -42,15 +47,24 @@ class LossSpikes(MetricSource):
                 ``trainer.log_every_n_steps``, 0 = off.
             threshold: A spike is a loss above running mean + threshold * running std.
             window: Span of the running mean and variance, in steps (EMA weight 2 / (window + 1)).
-            warmup_steps: Steps observed before any spike is called (the statistics settle first).
+            warmup_steps: Steps observed before any spike is called (the statistics settle first;
+                at least 2, for a first variance).
+            shift_steps: Spikes in a row taken as a lasting shift of the loss level: the running
+                mean restarts at their mean.
         """
         super().__init__(every_n_steps)
         if threshold <= 0:
             raise ValueError(f"LossSpikes.threshold={threshold} must be > 0 (standard deviations)")
         if window < 2:
             raise ValueError(f"LossSpikes.window={window} must be >= 2 steps")
-        if warmup_steps < 0:
-            raise ValueError(f"LossSpikes.warmup_steps={warmup_steps} must be >= 0")
+        if warmup_steps < 2:
+            raise ValueError(
+                f"LossSpikes.warmup_steps={warmup_steps} must be >= 2: with fewer steps seen the running "
+                "variance is 0 and the next step would count as a spike"
+            )
+        if shift_steps < 1:
+            raise ValueError(f"LossSpikes.shift_steps={shift_steps} must be >= 1")
+        self.shift_steps = shift_steps
         self.threshold = threshold
         self.window = window
         self.warmup_steps = warmup_steps
@@ -64,7 +78,15 @@ class LossSpikes(MetricSource):
 
     def _init_state(self, device: torch.device) -> dict[str, torch.Tensor]:
         z = lambda: torch.zeros((), device=device)
-        return {"mean": z(), "var": z(), "spikes": z(), "z_max": z(), "total": z()}
+        return {
+            "mean": z(),
+            "var": z(),
+            "spikes": z(),
+            "z_max": z(),
+            "total": z(),
+            "run": z(),
+            "run_sum": z(),
+        }
 
     @torch.no_grad()
     def _observe(self, trainer: Any, outputs: Any) -> None:
@@ -76,11 +98,14 @@ class LossSpikes(MetricSource):
         if not isinstance(loss, torch.Tensor):
             return
         self._last_step = step
-        loss = loss.detach().float()
+        # Lightning divides the training loss by the accumulation count before handing it over.
+        loss = loss.detach().float() * getattr(trainer, "accumulate_grad_batches", 1)
         if self._state is None:
             self._state = self._init_state(loss.device)
         elif self._state["mean"].device != loss.device:  # resumed from a checkpoint loaded elsewhere
             self._state = {k: v.to(loss.device) for k, v in self._state.items()}
+        for k, v in self._init_state(loss.device).items():  # a checkpoint from before a key existed
+            self._state.setdefault(k, v)
         s = self._state
         # Early on, a plain average (weight 1/n) so the first losses are not over-weighted.
         a = max(self._alpha, 1.0 / (self._seen + 1))
@@ -93,12 +118,21 @@ class LossSpikes(MetricSource):
             s["total"] += spike
             torch.maximum(s["z_max"], z, out=s["z_max"])
             keep = finite & ~spike
+            # Spikes in a row: their count and loss sum, reset by any other step.
+            s["run"].copy_(torch.where(spike, s["run"] + 1, torch.zeros_like(loss)))
+            s["run_sum"].copy_(torch.where(spike, s["run_sum"] + loss, torch.zeros_like(loss)))
         else:
             keep = finite
         d = torch.where(keep, loss - s["mean"], torch.zeros_like(loss))
         s["mean"] += a * d
         # Exponentially weighted variance (West 1979): var <- (1 - a) * (var + a * d^2).
         s["var"].copy_(torch.where(keep, (1 - a) * (s["var"] + a * d * d), s["var"]))
+        # A lasting level shift: the mean restarts at the run's mean (the variance, the noise of
+        # the loss, is kept), and the run starts over.
+        shifted = s["run"] >= self.shift_steps
+        s["mean"].copy_(torch.where(shifted, s["run_sum"] / s["run"].clamp_min(1), s["mean"]))
+        s["run"].masked_fill_(shifted, 0)
+        s["run_sum"].masked_fill_(shifted, 0)
         self._seen += 1
 
     def on_train_batch_end(

@@ -8,7 +8,8 @@ rank and multiplied by the world size (every rank gets the same number of equal 
 ``recformer.data``). The first interval starts at the end of the first step, so start-up and
 compilation are not counted.
 
-MFU = samples/s x training FLOPs per sample / peak FLOP/s (``model_flops_per_sample``):
+MFU = samples/s x training FLOPs per sample / peak FLOP/s (``model_flops_per_sample``: the model's
+own ``flops_per_sample()`` when it has one, as recformer's rankers do, else)
 
     6 * P_tok * T  +  12 * L * T^2 * D  +  6 * P_once
 
@@ -36,8 +37,14 @@ device name; used when ``peak_tflops`` is not given. Unknown devices log no MFU.
 
 
 def model_flops_per_sample(net: nn.Module) -> float:
-    """Training FLOPs per sample (module docstring). Matrices inside ``net.blocks`` count per token;
-    every other non-embedding matrix (``nn.Linear`` outside the tokenizer) counts once per sample."""
+    """Training FLOPs per sample: the model's own count (``flops_per_sample()``, which knows which
+    matrices run on how many tokens: the Ranker's last block on the 1-2 tokens the head reads, DIN's
+    attention MLP on every history slot), else the module docstring's formula: matrices inside
+    ``net.blocks`` per token, every other non-embedding matrix (``nn.Linear`` outside the
+    tokenizer) once per sample."""
+    own = getattr(net, "flops_per_sample", None)
+    if callable(own):
+        return float(own())
     blocks = getattr(net, "blocks", None) or []
     tokens = int(getattr(net, "n_tokens", 1)) if len(blocks) else 1
     block_params = {id(p) for b in blocks for p in b.parameters()}

@@ -53,6 +53,9 @@ class PopularityRanker(nn.Module):
     def param_kinds(self) -> dict[str, str]:
         return {"item_logit.weight": "embedding", "bias": "vector"}
 
+    def flops_per_sample(self) -> float:
+        return 0.0  # a table lookup and an add
+
     def forward(self, batch: Batch) -> torch.Tensor:
         return (self.item_logit(batch.target_item).squeeze(-1) + self.bias).float()
 
@@ -99,6 +102,13 @@ class DINRanker(nn.Module):
             else:
                 kinds[name] = "vector" if p.ndim == 1 else "hidden"
         return kinds
+
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample (6 per matrix parameter per application): the attention MLP
+        once per history slot, the MLP and output once per sample, plus the input projections."""
+        matrices = lambda m: sum(p.numel() for p in m.parameters() if p.ndim >= 2)
+        per_event = matrices(self.attn_mlp) * self.max_len
+        return 6.0 * (per_event + matrices(self.mlp) + matrices(self.out)) + self.tokens.flops_per_sample()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x_BTD, _ = self.tokens(batch)

@@ -110,6 +110,17 @@ class FeatureTokenizer(nn.Module):
 
     # -- item side tables ------------------------------------------------------------------------
     @torch.no_grad()
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample of the input projections (6 per parameter per application):
+        the dense and embedding projections once per sample, the content projection once per item
+        token (the target and every history slot). Table lookups are no FLOPs."""
+        once = sum(
+            m.weight.numel() for m in [*self.emb_proj, getattr(self, "dense_proj", None)] if m is not None
+        )
+        content = getattr(self, "content_proj", None)
+        per_item = content.weight.numel() * (self.max_len + 1) if content is not None else 0
+        return 6.0 * (once + per_item)
+
     def param_kinds(self, prefix: str = "tokens.") -> dict[str, str]:
         """Optimizer / muP kind of each of its parameters (``recformer.optim``), names under
         ``prefix``: the input projections' weights ``input`` (dense matrices of a fixed fan-in:

@@ -92,6 +92,26 @@ class Ranker(nn.Module):
         int) into the persistent buffers; row 0 is the OOV row. See ``FeatureTokenizer``."""
         self.tokens.set_item_tables(content, features)
 
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample of the training path (``Throughput``'s MFU): 6 per matrix
+        parameter per token it is applied to (2 per multiply-add, backward twice the forward), and
+        12 * Q * T * D per block for attention (q k^T and p v) over Q query and T key tokens. Every
+        block but the last runs all T tokens; the last computes queries, the output projection and
+        the MLP for the K tokens the head reads only (its keys and values still cover all T).
+        The head runs once per sample; the tokenizer counts its own (``FeatureTokenizer``).
+        Embedding lookups are no FLOPs."""
+        T, D = self.n_tokens, self.cfg.d_model
+        K = len(range(T)[self.head.keep(T)])
+        matrices = lambda m: sum(p.numel() for p in m.parameters() if p.ndim >= 2)
+        flops = 0.0
+        for i, block in enumerate(self.blocks):
+            if i < len(self.blocks) - 1:
+                flops += 6.0 * matrices(block) * T + 12.0 * T * T * D
+            else:
+                kv = 2 * D * D  # the k and v rows of the fused qkv projection
+                flops += 6.0 * (kv * T + (matrices(block) - kv) * K) + 12.0 * K * T * D
+        return flops + 6.0 * matrices(self.head) + self.tokens.flops_per_sample()
+
     def param_kinds(self) -> dict[str, ParamKind]:
         """muP / optimizer category of every parameter (Yang et al. 2022, Table 3 for Adam):
 
