@@ -213,7 +213,7 @@ class GroupAUC(Metric):
 
     ``update(preds_logits_B, target_B, group_B, weight_B=None)``: ``group_B`` is the int64 grouping
     key (``Batch.group``). Exact per-group AUC needs every prediction, so this metric **stores
-    them**: four tensors per update (group int64, logit/label/weight float32: 20 bytes a row),
+    them**: four tensors per update (group int64 as two float32, logit/label/weight float32: 20 bytes a row),
     concatenated across ranks (``dist_reduce_fx="cat"``) at compute time. Fine for validation sets
     (10M rows = 200 MB); for larger offline data use ``StreamingEvaluator``. ``compute`` is
     vectorised (sort by group then score, ties by run, segment sums), no Python loop over groups.
@@ -246,7 +246,10 @@ class GroupAUC(Metric):
             )
         if group_B.is_floating_point():
             raise ValueError(f"GroupAUC.update: group must be an integer tensor, found {group_B.dtype}")
-        self.groups.append(group_B.detach().reshape(-1).long())
+        # int64 keys stored as float32 pairs (the same bytes): every state is then float32, the
+        # dtype torchmetrics gives the empty stand-in a rank that saw no rows sends at sync, so
+        # the gather does not abort on mixed dtypes (ranks may see no validation rows).
+        self.groups.append(group_B.detach().reshape(-1).long().contiguous().view(torch.float32))
         self.logits.append(x_B.float())
         self.labels.append(y_B.float())
         self.weights.append(w_B.float())
@@ -254,7 +257,7 @@ class GroupAUC(Metric):
     def compute(self) -> torch.Tensor:
         if isinstance(self.groups, list) and not self.groups:
             return torch.tensor(math.nan, device=self.device)
-        g = dim_zero_cat(self.groups)
+        g = dim_zero_cat(self.groups).contiguous().view(torch.int64)
         x = dim_zero_cat(self.logits).double()
         y = dim_zero_cat(self.labels).double()
         w = dim_zero_cat(self.weights).double()
