@@ -276,6 +276,29 @@ def test_same_second_ratings_are_not_history(full):
         assert len(set(n_prior[key == k].tolist())) == 1
 
 
+def test_item_text_uses_no_tag_written_after_the_items_first_evaluation_row(full):
+    """Reference from the written logs: per movie, the earliest val/test timestamp; the item table
+    keeps exactly the distinct tags written before it (every tag when no evaluation row rates it)."""
+    out, _ = full
+    first: dict[int, int] = {}
+    for split in ("val", "test"):
+        t = _split(out, split)
+        for m, ts in zip(t.column("movie_id").to_pylist(), t.column("timestamp").to_pylist()):
+            first[m] = min(ts, first.get(m, ts))
+    expected: dict[int, set[str]] = {}
+    tagged = set()
+    with open(SOURCE / "tags.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            m, ts = int(row["movieId"]), int(row["timestamp"])
+            tagged.add(m)
+            if m not in first or ts < first[m]:
+                expected.setdefault(m, set()).add(row["tag"].strip())
+    items = pq.read_table(out / "items.parquet")
+    got = dict(zip(items.column("movie_id").to_pylist(), items.column("tags").to_pylist()))
+    assert {m: set(t.split("|")) for m, t in got.items() if t} == expected
+    assert len(tagged) - len(expected) > 1000  # most tagged movies were tagged only after that row
+
+
 def test_calendar_and_release_columns(full):
     out, _ = full
     t = _split(out, "test").slice(0, 500).to_pylist()
@@ -385,6 +408,9 @@ def test_embed_items_reproduces_committed_rows(tmp_path):
         lines = (SOURCE / name).read_text().splitlines(keepends=True)
         col = 0 if name == "movies.csv" else 1
         (src / name).write_text(lines[0] + "".join(ln for ln in lines[1:] if ln.split(",")[col] in keep))
+    shutil.copyfile(
+        SOURCE / "ratings.csv", src / "ratings.csv"
+    )  # every user: the split decides the tag cutoff
     got = embed_items(src, tmp_path / "items.parquet")
     committed = pq.read_table(ITEMS)
     ids = committed.column("movie_id").to_pylist()

@@ -25,6 +25,7 @@ from recformer.data.movielens import (
     DEFAULT_ITEMS,
     DEFAULT_SOURCE,
     build_items,
+    evaluation_start,
     item_text,
     read_source_csv,
     repo_path,
@@ -74,7 +75,11 @@ def embedding_table(movie_id: np.ndarray, emb_ND: np.ndarray) -> pa.Table:
 
 def embed_items(source: Path, out: Path, batch_size: int = 128, device: str = "cpu") -> pa.Table:
     source = Path(source)
-    items = build_items(read_source_csv(source, "movies.csv"), read_source_csv(source, "tags.csv"), source)
+    # The same item text as the logs' item table: tags written before each movie's first evaluation rating.
+    tags_before = evaluation_start(read_source_csv(source, "ratings.csv"))
+    items = build_items(
+        read_source_csv(source, "movies.csv"), read_source_csv(source, "tags.csv"), source, tags_before
+    )
     texts = [
         item_text(t, g, tg)
         for t, g, tg in zip(*(items.column(c).to_pylist() for c in ("title", "genres", "tags")))

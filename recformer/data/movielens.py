@@ -12,7 +12,11 @@ and everything known about the user strictly before that second. Output layout::
 
 Rules (all deterministic: same input, byte-identical output):
 
-- Items: every movie of movies.csv, ``item_id`` = rank of ``movieId`` in ascending order.
+- Items: every movie of movies.csv, ``item_id`` = rank of ``movieId`` in ascending order. Its text
+  (embedded into ``content_emb`` by ``embed-items``) is the title, the genres and the tags written
+  *before the movie's first val or test rating*: a tag written later would tell evaluation rows
+  about the future (on MovieLens the count of all-time tags alone scores test AUC 0.59, against
+  0.53 for the tags written before each row). Movies without evaluation ratings keep every tag.
 - Per-user temporal split: a user's ratings sorted by (timestamp, item_id); with ``n`` ratings and
   ``k = floor(n / 10)``, the last ``k`` go to test, the ``k`` before them to val, the rest to train.
   Users with ``n < 10`` go entirely to train (``k`` would be 0).
@@ -175,8 +179,37 @@ def item_text(title: str, genres: str, tags: str) -> str:
     return ". ".join(parts)
 
 
-def build_items(movies: pa.Table, tags: pa.Table, source: Path) -> pa.Table:
-    """The item side table without content embeddings, one row per movie, ``item_id`` = row index."""
+def evaluation_start(ratings: pa.Table) -> dict[int, int]:
+    """Per movieId, the timestamp of its first val or test rating under the per-user split
+    (``build_log``); movies no evaluation row rates are absent. Item text keeps only the tags
+    written before it (``build_items``)."""
+    user, ts, movie = (ratings.column(c).to_numpy() for c in ("userId", "timestamp", "movieId"))
+    order = np.lexsort((movie, ts, user))  # as build_log's (user, ts, item): item ranks follow movieId
+    user, ts, movie = user[order], ts[order], movie[order]
+    user_start, _ = _segment_starts(user, ts)
+    evaluated = _split(user_start) > 0
+    movie, ts = movie[evaluated], ts[evaluated]
+    by_movie = np.lexsort((ts, movie))
+    movie, ts = movie[by_movie], ts[by_movie]
+    first = np.flatnonzero(np.r_[True, movie[1:] != movie[:-1]]) if len(movie) else np.zeros(0, np.int64)
+    return dict(zip(movie[first].tolist(), ts[first].tolist()))
+
+
+def _split(user_start: np.ndarray) -> np.ndarray:
+    """0 train / 1 val / 2 test per row of rows sorted by (user, timestamp, item), from each row's
+    user start (module docstring: the last ``n // 10`` to test, the ``n // 10`` before to val)."""
+    n = len(user_start)
+    rank = np.arange(n) - user_start
+    user_n = np.bincount(user_start, minlength=n)[user_start]
+    k = np.where(user_n >= 10, user_n // 10, 0)
+    return np.where(rank >= user_n - k, 2, np.where(rank >= user_n - 2 * k, 1, 0)).astype(np.int8)
+
+
+def build_items(
+    movies: pa.Table, tags: pa.Table, source: Path, tags_before: dict[int, int] | None = None
+) -> pa.Table:
+    """The item side table without content embeddings, one row per movie, ``item_id`` = row index.
+    ``tags_before``: per movieId, keep only its tags with an earlier timestamp (``evaluation_start``)."""
     movie_id = movies.column("movieId").to_numpy()
     if len(np.unique(movie_id)) != len(movie_id):
         raise ValueError(f"{Path(source) / 'movies.csv'}: column 'movieId' has duplicate values")
@@ -194,8 +227,11 @@ def build_items(movies: pa.Table, tags: pa.Table, source: Path) -> pa.Table:
             )
     # Tags: distinct strings per movie, sorted case-insensitively so the text is deterministic.
     by_movie: dict[int, set[str]] = {}
-    for mid, tag in zip(tags.column("movieId").to_pylist(), tags.column("tag").to_pylist()):
-        by_movie.setdefault(mid, set()).add(tag.strip())
+    cutoff = tags_before or {}
+    columns = (tags.column(c).to_pylist() for c in ("movieId", "tag", "timestamp"))
+    for mid, tag, ts in zip(*columns):
+        if mid not in cutoff or ts < cutoff[mid]:
+            by_movie.setdefault(mid, set()).add(tag.strip())
     tag_text = ["|".join(sorted(by_movie.get(int(m), ()), key=lambda t: (t.lower(), t))) for m in movie_id]
     year = np.array([title_year(t) for t in titles], dtype=np.int16)
     return pa.table(
@@ -323,10 +359,7 @@ def build_log(ratings: pa.Table, items: pa.Table, max_len: int, source: Path) ->
 
     # Split by rank within the user's timeline.
     user_start, tie_start = _segment_starts(user, ts)
-    rank = np.arange(n) - user_start
-    user_n = np.bincount(user_start, minlength=n)[user_start]
-    k = np.where(user_n >= 10, user_n // 10, 0)
-    split = np.where(rank >= user_n - k, 2, np.where(rank >= user_n - 2 * k, 1, 0)).astype(np.int8)
+    split = _split(user_start)
     train_pos_rate = float(label[split == 0].mean())
 
     # History: rows [hist_start, tie_start) of the same user, i.e. strictly earlier seconds.
@@ -462,7 +495,7 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
     licence = source / "README.txt"
     if not licence.is_file():
         raise FileNotFoundError(f"{licence} does not exist: GroupLens' licence must travel with the data")
-    items = attach_content(build_items(movies, tags, source), Path(items_path))
+    items = attach_content(build_items(movies, tags, source, evaluation_start(ratings)), Path(items_path))
     log = build_log(ratings, items, max_len, source)
     tables = _split_tables(log)
     out.mkdir(parents=True, exist_ok=True)
