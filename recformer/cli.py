@@ -36,6 +36,14 @@ class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
 
+    def before_predict(self) -> None:
+        # Scores stream to Parquet (ParquetPredictionWriter); Lightning would also keep every
+        # batch's output in memory for the return value nobody reads here. --return_predictions
+        # true still asks for it.
+        config = self.config_init["predict"]
+        if config.get("return_predictions") is None:
+            config["return_predictions"] = False
+
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []

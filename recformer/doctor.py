@@ -27,7 +27,8 @@ so the start-up transient (warmup, init) does not decide. Outputs, in ``--out`` 
 ``RUN_DIR/doctor``): one PNG per metric family (value per block over steps) and ``index.html``
 showing the findings and the plots together. ``--json`` prints the findings as JSON instead of text.
 
-Exit status: 0 = clean bill of health, 1 = at least one finding, 2 = no metrics could be read.
+Exit status: 0 = clean bill of health, 1 = at least one finding, 2 = no metrics could be read, or
+none of the checks found the metrics it needs (a run logged without the health callbacks).
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ def check_starvation(run: RunMetrics) -> list[Finding] | None:
         return None
     late = ratio.tail(0.5)
     med = _median(late)
+    if not np.isfinite(med):
+        return None  # no finite ratio (a diverged run): nothing to judge; nonfinite_steps says why
     if med >= STARVATION_RATIO:
         return []
     grads = run.per_block(mn.GRAD_NORM)
@@ -360,7 +363,8 @@ def check_update_ratio(run: RunMetrics) -> list[Finding] | None:
     if not ratios:
         return None
     findings = []
-    low = {i: _median(s) for i, s in ratios.items() if _median(s) < UPDATE_RATIO_LOW}
+    meds = {i: _median(s.tail(1 / 3)) for i, s in ratios.items()}  # past warmup's small steps
+    low = {i: m for i, m in meds.items() if m < UPDATE_RATIO_LOW}
     if low:
         first = ratios[min(low)]
         findings.append(
@@ -604,7 +608,9 @@ def diagnose(run: RunMetrics, run_dir: Path) -> Diagnosis:
 
 def report_text(d: Diagnosis) -> str:
     lines = [f"recformer doctor: {d.run_dir} ({d.steps} steps; read {', '.join(d.sources)})", ""]
-    if d.healthy:
+    if d.healthy and not d.passed:
+        lines.append("no verdict: none of the checks found the metrics it needs")
+    elif d.healthy:
         lines.append(f"clean bill of health: all {len(d.passed)} checks with data passed")
     else:
         lines.append(f"{len(d.findings)} finding(s):")
@@ -731,7 +737,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="recformer doctor",
         description="Read a run's internal metrics (health.jsonl, metrics.csv) and name its silent failure. "
-        "Exit status: 0 clean bill of health, 1 findings, 2 no metrics.",
+        "Exit status: 0 clean bill of health, 1 findings, 2 no metrics (or none a check needs).",
     )
     parser.add_argument(
         "run_dir", type=Path, help="the run directory (trainer.log_dir), e.g. runs/recformer/version_3"
@@ -770,4 +776,11 @@ def main(argv: list[str]) -> int:
         print(report_text(d))
         if not args.no_plots:
             print(f"\nplots and report: {out / 'index.html'}")
+    if not d.findings and not d.passed:
+        print(
+            f"recformer doctor: none of the {len(d.skipped)} checks found its metrics in {run_dir}; "
+            "log with the health callbacks of configs/trainer.yaml",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if d.healthy else 1

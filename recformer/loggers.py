@@ -45,7 +45,7 @@ class SafeWandbLogger(WandbLogger):
         project: str = "recformer",
         name: str | None = None,
         save_dir: str = "runs",
-        online: bool = False,
+        online: bool | None = None,
         init_timeout: float = 30.0,
         **kwargs: Any,
     ):
@@ -54,13 +54,19 @@ class SafeWandbLogger(WandbLogger):
             project: W&B project.
             name: Run name (default: W&B's).
             save_dir: Where the offline run directory goes (``save_dir/wandb``).
-            online: Sync live to the W&B server. Off by default: offline runs sync later with
-                ``wandb sync``, and a machine with no network never stalls.
+            online: Sync live to the W&B server (True) or write an offline run that syncs later
+                with ``wandb sync`` (False), so a machine with no network never stalls. None (the
+                default): the ``WANDB_MODE`` environment variable decides, offline when unset. A
+                value given here wins over ``WANDB_MODE``, which Lightning itself sets to
+                ``dryrun`` once an offline W&B logger has started in the process; only
+                ``WANDB_MODE=disabled`` turns W&B off whatever this says.
             init_timeout: Seconds W&B may take to start before it is given up on.
         """
         self.disabled = False
         self._reason = ""
-        mode = os.environ.get("WANDB_MODE") or ("online" if online else "offline")
+        env = os.environ.get("WANDB_MODE")
+        explicit = {True: "online", False: "offline", None: None}[online]
+        mode = (env or "offline") if env == "disabled" or explicit is None else explicit
         os.makedirs(save_dir, exist_ok=True)
         try:
             import wandb  # noqa: F401

@@ -217,3 +217,25 @@ def test_no_metrics_is_exit_2_with_a_hint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "health.jsonl" in err and "version_0" in err
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_a_run_without_health_metrics_gets_no_verdict(tmp_path, capsys):
+    """Loss and AUC only: no check has its metrics, so no clean bill of health (exit 2)."""
+    run = tmp_path / "bare"
+    run.mkdir()
+    rows = "".join(f"{s},0.6,\n{s},,0.7\n" for s in range(10, 60, 10))
+    (run / "metrics.csv").write_text("step,train/loss,val/auc\n" + rows)
+    assert main([str(run), "--no-plots"]) == 2
+    out = capsys.readouterr()
+    assert "no verdict" in out.out and "none of the" in out.err
+
+
+def test_an_all_nan_gradient_ratio_is_not_called_starvation(tmp_path, capsys):
+    """A diverged run logs NaN ratios: that is no evidence of Post-Norm starvation."""
+    run = tmp_path / "nan"
+    run.mkdir()
+    rows = "".join(f"{s},0.6,nan\n" for s in range(10, 110, 10))
+    (run / "metrics.csv").write_text(f"step,train/loss,{mn.GRAD_RATIO_BOTTOM_TOP}\n" + rows)
+    main([str(run), "--no-plots", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert not [f for f in report["findings"] if f["check"] == "bottom_starvation"]

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from recformer.__main__ import main as recformer_main
+from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.cli import cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
@@ -140,6 +141,25 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     pred = pq.read_table(Path(pred_cli.trainer.log_dir) / "predictions.parquet").to_pydict()
     assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
     assert all(0 < s < 1 for s in pred["score"])
+    assert not pred_cli.trainer.predict_loop._return_predictions  # streamed, not also held in memory
+    assert not list(Path(pred_cli.trainer.log_dir).glob("*.partial"))
+
+
+def test_failed_predict_leaves_a_readable_partial_file_and_no_final_one(tiny_data, tmp_path):
+    class FailAt(pl.Callback):
+        def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 2:
+                raise RuntimeError("simulated failure mid-predict")
+
+    dm = RecDataModule(str(tiny_data), batch_size=16, num_workers=0, validate="footer")
+    m = RankerModule(ranker=TINY, dims=dm.feature_dims)
+    out = tmp_path / "scores.parquet"
+    trainer = _trainer(tmp_path, callbacks=[ParquetPredictionWriter(str(out)), FailAt()])
+    with pytest.raises(RuntimeError, match="simulated"):
+        trainer.predict(m, dm, return_predictions=False)
+    assert not out.exists()  # a file under the final name is always complete
+    partial = pq.read_table(out.with_name("scores.parquet.partial"))
+    assert partial.num_rows == 32  # the two batches written before the failure
 
 
 def test_compare_with_weights_or_soft_labels_says_what_it_tested():
@@ -326,6 +346,20 @@ def test_wandb_offline_run_is_written(tiny_data, tmp_path, monkeypatch):
     assert len(runs) == 1
     assert list(runs[0].glob("*.wandb")) and (runs[0] / "files").is_dir()
     assert cli.trainer.loggers[1].disabled is False
+
+
+def test_wandb_online_setting_wins_over_a_stale_wandb_mode(tmp_path, monkeypatch):
+    """Lightning sets WANDB_MODE=dryrun once an offline W&B logger starts; a later logger asked to
+    be online must still be. Unset, WANDB_MODE decides; WANDB_MODE=disabled always wins."""
+    from recformer.loggers import SafeWandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert SafeWandbLogger(save_dir=str(tmp_path), online=True)._wandb_init["mode"] == "online"
+    assert SafeWandbLogger(save_dir=str(tmp_path))._wandb_init["mode"] == "dryrun"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert SafeWandbLogger(save_dir=str(tmp_path), online=True)._wandb_init["mode"] == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    assert SafeWandbLogger(save_dir=str(tmp_path))._wandb_init["mode"] == "offline"
 
 
 def test_wandb_failure_never_stops_training(tiny_data, tmp_path, monkeypatch):
