@@ -213,6 +213,11 @@ class RankerModule(pl.LightningModule):
     # -- optimizer -----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.model_cfg
+        # fp16 with a GradScaler: Lightning leaves a fused AdamW to unscale inside its step, after
+        # on_before_optimizer_step, where this module clips and checks gradients and the health
+        # callbacks read them: they would see gradients times the loss scale. Unfused, Lightning
+        # unscales first. (bf16 and fp32 have no scaler.)
+        precision = str(getattr(self._trainer, "precision", "")) if self._trainer is not None else ""
         optimizer = build_optimizer(
             self.net,
             self.net.param_kinds(),
@@ -220,6 +225,7 @@ class RankerModule(pl.LightningModule):
             width_mult=cfg.width_mult,
             mup=cfg.mup,
             rules=getattr(self.net, "optimizer_rules", None),
+            fused=False if precision.startswith("16") else None,
         )
         for line in describe_groups(optimizer.param_groups):
             log.info(line)

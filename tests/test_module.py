@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import numpy as np
@@ -396,6 +397,22 @@ def test_two_process_ddp_fit_through_the_cli(tiny_data, tmp_path):
     rows = read_metrics(runs[0])
     assert any(r.get("val/auc") for r in rows)
     assert (runs[0] / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("precision, fused", [("16-mixed", False), ("bf16-mixed", None), ("32-true", None)])
+def test_fp16_never_gets_a_fused_adamw(tiny_data, monkeypatch, precision, fused):
+    """Under a GradScaler Lightning would let a fused AdamW unscale inside its step, after this
+    module's clipping and the health callbacks have read the (scaled) gradients."""
+    import recformer.module as module_mod
+
+    seen = {}
+    real = module_mod.build_optimizer
+    monkeypatch.setattr(module_mod, "build_optimizer", lambda *a, **k: seen.update(k) or real(*a, **k))
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = RankerModule(ranker=TINY, dims=dm.feature_dims)
+    m._trainer = SimpleNamespace(precision=precision, estimated_stepping_batches=1000, fast_dev_run=False)
+    m.configure_optimizers()
+    assert seen["fused"] is fused
 
 
 def test_gradients_are_clipped_at_optim_grad_clip(tiny_data):

@@ -6,7 +6,10 @@ floats), concatenates the tensors into one, and makes **one** ``.tolist()`` for 
 (DESIGN section 6). Then, on rank 0 only:
 
 - ``logger.log_metrics(values, step=trainer.global_step)`` on every logger (W&B charts group by the
-  ``health/`` and ``perf/`` prefixes; the W&B logger is failure-safe, ``recformer.loggers``);
+  ``health/`` and ``perf/`` prefixes; the W&B logger is failure-safe, ``recformer.loggers``). The
+  step is the count of optimizer steps done, so the health row of optimizer step ``s`` carries
+  ``s``; Lightning logs that step's ``train/loss`` under ``s - 1`` (the index it had while its
+  batch ran): in ``metrics.csv`` and W&B the two sit one step apart;
 - one JSON object per line appended to ``<trainer.log_dir>/health.jsonl``:
   ``{"step": 120, "health/grad_norm/block_0": 0.31, ...}``. The first line of each fit is
   ``{"meta": {...}}`` (architecture, optimizer betas, cadences) so ``recformer doctor`` can judge a
