@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 def take_rows(batches: list[Batch], n: int) -> Batch:
     """The first ``n`` samples of consecutive batches as one batch (``oov`` counts are summed)."""
     joined = {
-        f.name: torch.cat([getattr(b, f.name) for b in batches])[:n]
+        f.name: torch.cat([getattr(b, f.name) for b in batches])[:n].clone()  # not a view of all rows
         for f in dataclasses.fields(Batch)
         if f.name != "oov"
     }
@@ -151,7 +151,7 @@ class ProbeStats(MetricSource):
                     break
         except Exception as e:  # noqa: BLE001 - no validation data is fine: fall back to a train batch
             log.info(
-                "probe batch: no validation batch (%s: %s); using the first training batch",
+                "probe batch: no validation batch (%s: %s); using the training batch of the first probe step",
                 type(e).__name__,
                 e,
             )
