@@ -164,6 +164,10 @@ class FeatureSpec:
     """Per-row vector columns: one projected token each."""
     sequence: SequenceSpec | None = None
     """User history; ``None`` for a model without history."""
+    unused: dict[str, str] = field(default_factory=dict)
+    """Columns the logs carry that no role above reads, each with what it holds, so the spec
+    describes every column (e.g. the raw rating a label was made from, which must never be a
+    feature). The loader never reads them."""
     path: str | None = None
     """Where the spec was loaded from (set by ``load``; side-table paths are relative to it)."""
 
@@ -178,6 +182,13 @@ class FeatureSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"feature spec names these columns more than once: {dup}")
+        if not isinstance(self.unused, dict):
+            raise ValueError(
+                f"unused must map column names to descriptions, found {type(self.unused).__name__}"
+            )
+        both = sorted(set(self.unused) & set(names))
+        if both:
+            raise ValueError(f"feature spec lists these columns as unused and also gives them a role: {both}")
 
     # -- derived -------------------------------------------------------------------------------
     def columns(self) -> list[str]:

@@ -237,6 +237,13 @@ def test_unknown_spec_key_is_named(data):
         RecDataModule(str(data))
 
 
+def test_a_column_listed_unused_and_given_a_role_is_refused(data):
+    text = (data / "spec.yaml").read_text().replace("unused: {}", "unused:\n  age: also a dense feature")
+    (data / "spec.yaml").write_text(text)
+    with pytest.raises(ValueError, match=r"unused and also gives them a role: \['age'\]"):
+        RecDataModule(str(data))
+
+
 def test_side_table_id_outside_vocab(data):
     t = pq.read_table(data / "items.parquet")
     pq.write_table(set_col(t, "item_id", pc.add(t["item_id"], 10)), data / "items.parquet")

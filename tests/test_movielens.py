@@ -145,6 +145,9 @@ def test_spec_loads_and_names_only_existing_columns(full):
     for name in ml.SPLITS:
         names = pq.read_schema(next((out / name).glob("*.parquet"))).names
         assert [c for c in spec.columns() if c not in names] == []
+        # ... and describes every column written: a role, or what an unused one holds.
+        assert sorted(names) == sorted(spec.columns() + list(spec.unused))
+    assert "label = rating >= 4" in spec.unused["rating"]
     side = pq.read_table(spec.side_table_path())
     assert side.num_rows == spec.item.vocab_size
     assert side.column(spec.item.side_id_column).to_pylist() == list(range(spec.item.vocab_size))

@@ -445,6 +445,10 @@ def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table) -> Feat
             categorical=[CategoricalField(name="hist_ratings", vocab_size=SEQ_RATING_VOCAB)],
             time_gap_column="hist_gaps",
         ),
+        unused={
+            "movie_id": "MovieLens movieId of the rated movie (item_id is its rank among all movieIds)",
+            "rating": "the rating itself, 0.5-5; label = rating >= 4, so it must never be a feature",
+        },
     )
 
 
