@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0
-    if argv and argv[0] == "data":
+    if argv[0] == "data":
         return data_main(argv[1:])
-    if argv and argv[0] == "evaluate":
+    if argv[0] == "evaluate":
         from recformer.evaluate import main as evaluate_main
 
         return int(evaluate_main(argv[1:]) or 0)
-    if argv and argv[0] == "doctor":
+    if argv[0] == "doctor":
         from recformer.doctor import main as doctor_main
 
         return int(doctor_main(argv[1:]) or 0)

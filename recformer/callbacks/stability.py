@@ -104,8 +104,6 @@ class LossSpikes(MetricSource):
             self._state = self._init_state(loss.device)
         elif self._state["mean"].device != loss.device:  # resumed from a checkpoint loaded elsewhere
             self._state = {k: v.to(loss.device) for k, v in self._state.items()}
-        for k, v in self._init_state(loss.device).items():  # a checkpoint from before a key existed
-            self._state.setdefault(k, v)
         s = self._state
         # Early on, a plain average (weight 1/n) so the first losses are not over-weighted.
         a = max(self._alpha, 1.0 / (self._seen + 1))
@@ -161,3 +159,6 @@ class LossSpikes(MetricSource):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._seen = int(state_dict.get("seen", 0))
         self._state = state_dict.get("state")
+        if self._state is not None:  # a checkpoint from before a key existed
+            for k, v in self._init_state(self._state["mean"].device).items():
+                self._state.setdefault(k, v)

@@ -164,9 +164,8 @@ class RecDataLoader(DataLoader):
         takes (fewer than the stream's with ``limit_train_batches``: a checkpoint after the last of
         them resumes at the next epoch, not in this one's tail)."""
         consumed = self._progress_fn() if self._progress_fn is not None else self._yielded
-        epoch_batches = len(self.stream)
-        if self._epoch_batches_fn is not None and math.isfinite(self._epoch_batches_fn()):
-            epoch_batches = min(epoch_batches, int(self._epoch_batches_fn()))
+        limit = self._epoch_batches_fn() if self._epoch_batches_fn is not None else math.inf
+        epoch_batches = min(len(self.stream), int(limit)) if math.isfinite(limit) else len(self.stream)
         return {
             "epoch": self.stream.plan.epoch,
             "consumed": int(consumed),
@@ -338,12 +337,11 @@ class RecDataModule(pl.LightningDataModule):
         return dict(zip(self.oov_fields, counts[1:].tolist()))
 
     def _sum_over_ranks(self, x: np.ndarray) -> np.ndarray:
-        """``x`` summed over the DDP ranks (as is without a process group)."""
+        """``x`` summed over the DDP ranks (the trainer's strategy; as is without a trainer)."""
         t = self.trainer
-        if t is None or t.world_size == 1 or not torch.distributed.is_initialized():
+        if t is None:
             return x
-        summed = torch.from_numpy(x).to(t.strategy.root_device)
-        torch.distributed.all_reduce(summed)
+        summed = t.strategy.reduce(torch.from_numpy(x).to(t.strategy.root_device), reduce_op="sum")
         return summed.cpu().numpy()
 
     # -- loaders -------------------------------------------------------------------------------

@@ -95,30 +95,36 @@ def _split_dir_files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and not _hidden(p, d)) if d.is_dir() else []
 
 
-def find_split_files(root: str | Path, split: str) -> list[Path]:
-    """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
-    root = Path(root)
-    files = [p for p in _split_dir_files(root / split) if p.suffix == ".parquet"]
+def _scan_split(root: Path, split: str) -> tuple[list[Path], list[Path]]:
+    """(Parquet files, other visible files) of ``root/split`` at any depth, sorted by path; the
+    files fall back to ``root/split.parquet`` when the folder holds none."""
+    visible = _split_dir_files(root / split)
+    files = [p for p in visible if p.suffix == ".parquet"]
     if not files and (root / f"{split}.parquet").is_file():
         files = [root / f"{split}.parquet"]
-    return files
+    return files, [p for p in visible if p.suffix != ".parquet"]
+
+
+def find_split_files(root: str | Path, split: str) -> list[Path]:
+    """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
+    return _scan_split(Path(root), split)[0]
 
 
 def list_split_files(root: str | Path, split: str) -> list[Path]:
     """``find_split_files``, or an error naming where the files were expected. Other visible files
     in the split's folder are named in a warning, not read."""
-    files = find_split_files(root, split)
+    files, others = _scan_split(Path(root), split)
     d = Path(root) / split
     if not files:
         raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")
-    others = [str(p.relative_to(d)) for p in _split_dir_files(d) if p.suffix != ".parquet"]
     if others:
+        names = [str(p.relative_to(d)) for p in others]
         log.warning(
             "%s split: %d file(s) under %s are not *.parquet and are not read: %s",
             split,
-            len(others),
+            len(names),
             d,
-            others[:10] + (["..."] if len(others) > 10 else []),
+            names[:10] + (["..."] if len(names) > 10 else []),
         )
     return files
 

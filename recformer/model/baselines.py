@@ -22,7 +22,7 @@ from torch import nn
 
 from recformer.config import FeatureDims, RankerConfig
 from recformer.data.batch import Batch
-from recformer.model.embedding import FeatureTokenizer
+from recformer.model.embedding import FeatureTokenizer, matrix_params
 from recformer.model.init import init_tokens
 from recformer.model.ranker import Ranker
 from recformer.optim import DEFAULT_RULES
@@ -106,9 +106,11 @@ class DINRanker(nn.Module):
     def flops_per_sample(self) -> float:
         """Training FLOPs per sample (6 per matrix parameter per application): the attention MLP
         once per history slot, the MLP and output once per sample, plus the input projections."""
-        matrices = lambda m: sum(p.numel() for p in m.parameters() if p.ndim >= 2)
-        per_event = matrices(self.attn_mlp) * self.max_len
-        return 6.0 * (per_event + matrices(self.mlp) + matrices(self.out)) + self.tokens.flops_per_sample()
+        per_event = matrix_params(self.attn_mlp) * self.max_len
+        return (
+            6.0 * (per_event + matrix_params(self.mlp) + matrix_params(self.out))
+            + self.tokens.flops_per_sample()
+        )
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x_BTD, _ = self.tokens(batch)

@@ -32,6 +32,11 @@ from recformer.config import FeatureDims, RankerConfig
 from recformer.data.batch import ID_FIELDS, Batch
 
 
+def matrix_params(module: nn.Module) -> int:
+    """Parameters of ``module``'s matrices (ndim >= 2): what a FLOP count multiplies by its tokens."""
+    return sum(p.numel() for p in module.parameters() if p.ndim >= 2)
+
+
 class FeatureTokenizer(nn.Module):
     """Embedding tables and input projections; ``forward(batch) -> (x_BTD, valid_BT | None)``.
 

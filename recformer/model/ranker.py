@@ -25,7 +25,7 @@ from torch import nn
 from recformer.config import FeatureDims, RankerConfig
 from recformer.data.batch import Batch
 from recformer.model.blocks import NORMALISED_STREAM, make_block
-from recformer.model.embedding import FeatureTokenizer
+from recformer.model.embedding import FeatureTokenizer, matrix_params
 from recformer.model.init import init_weights
 from recformer.model.norms import make_norm
 
@@ -102,15 +102,14 @@ class Ranker(nn.Module):
         Embedding lookups are no FLOPs."""
         T, D = self.n_tokens, self.cfg.d_model
         K = len(range(T)[self.head.keep(T)])
-        matrices = lambda m: sum(p.numel() for p in m.parameters() if p.ndim >= 2)
         flops = 0.0
         for i, block in enumerate(self.blocks):
             if i < len(self.blocks) - 1:
-                flops += 6.0 * matrices(block) * T + 12.0 * T * T * D
+                flops += 6.0 * matrix_params(block) * T + 12.0 * T * T * D
             else:
                 kv = 2 * D * D  # the k and v rows of the fused qkv projection
-                flops += 6.0 * (kv * T + (matrices(block) - kv) * K) + 12.0 * K * T * D
-        return flops + 6.0 * matrices(self.head) + self.tokens.flops_per_sample()
+                flops += 6.0 * (kv * T + (matrix_params(block) - kv) * K) + 12.0 * K * T * D
+        return flops + 6.0 * matrix_params(self.head) + self.tokens.flops_per_sample()
 
     def param_kinds(self) -> dict[str, ParamKind]:
         """muP / optimizer category of every parameter (Yang et al. 2022, Table 3 for Adam):
