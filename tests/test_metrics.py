@@ -222,28 +222,17 @@ def _update_all(metrics: dict, g, x, y, w) -> dict[str, float]:
     return {name: float(m.compute()) for name, m in metrics.items()}
 
 
-def _ddp_worker(rank: int, world: int, init_file: str, data_file: str, out_dir: str) -> None:
+def _ddp_worker(rank: int, world: int, init_file: str, data_file: str, out_dir: str, cut: int) -> None:
+    """Rank 0 updates on rows ``:cut``, rank 1 on ``cut:``; a rank with no rows (fewer validation
+    rows than ranks) makes no update at all."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         g, x, y, w = torch.load(data_file)
-        cut = 1700  # uneven halves: the "cat" state of GroupAUC is padded and trimmed by torchmetrics
         sl = slice(0, cut) if rank == 0 else slice(cut, None)
-        values = _update_all(_metrics(), g[sl], x[sl], y[sl], w[sl])
-        torch.save(values, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def _ddp_worker_one_rank_empty(rank: int, world: int, init_file: str, data_file: str, out_dir: str) -> None:
-    """Rank 1 sees no rows at all (fewer validation rows than ranks): no update on it."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        g, x, y, w = torch.load(data_file)
         metrics = _metrics()
-        if rank == 0:
-            values = _update_all(metrics, g, x, y, w)
+        if len(g[sl]):
+            values = _update_all(metrics, g[sl], x[sl], y[sl], w[sl])
         else:
             values = {name: float(m.compute()) for name, m in metrics.items()}
         torch.save(values, Path(out_dir) / f"rank{rank}.pt")
@@ -251,19 +240,25 @@ def _ddp_worker_one_rank_empty(rank: int, world: int, init_file: str, data_file:
         dist.destroy_process_group()
 
 
+def _run_ddp(tmp_path: Path, data, cut: int) -> None:
+    torch.save(data, tmp_path / "data.pt")
+    # fork, not spawn: a spawned child re-imports torchmetrics (~5 s each on a loaded 2-core box).
+    # Nothing here has started threads that fork could break (gloo is set up inside the children).
+    mp.start_processes(
+        _ddp_worker,
+        args=(2, str(tmp_path / "init"), str(tmp_path / "data.pt"), str(tmp_path), cut),
+        nprocs=2,
+        join=True,
+        start_method="fork",
+    )
+
+
 def test_ddp_rank_without_rows_still_reduces(tmp_path):
     """Its list states were empty; torchmetrics sends a float32 stand-in, which an int64 state
     met in the gather (gloo aborted the process). Group keys beyond 2**24 stay exact."""
     g, x, y, w = (torch.tensor(a) for a in _data(400, seed=14, n_groups=20))
     g = g * (1 << 40) + 12345  # hashed-key sized: float32 would merge them
-    torch.save((g, x, y, w), tmp_path / "data.pt")
-    mp.start_processes(
-        _ddp_worker_one_rank_empty,
-        args=(2, str(tmp_path / "init"), str(tmp_path / "data.pt"), str(tmp_path)),
-        nprocs=2,
-        join=True,
-        start_method="fork",
-    )
+    _run_ddp(tmp_path, (g, x, y, w), cut=len(g))  # rank 1 sees no rows
     full = _update_all(_metrics(), g, x, y, w)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
@@ -272,16 +267,8 @@ def test_ddp_rank_without_rows_still_reduces(tmp_path):
 
 def test_ddp_reduction_equals_single_process(tmp_path):
     g, x, y, w = (torch.tensor(a) for a in _data(3_000, seed=10, n_groups=50))
-    torch.save((g, x, y, w), tmp_path / "data.pt")
-    # fork, not spawn: a spawned child re-imports torchmetrics (~5 s each on a loaded 2-core box).
-    # Nothing here has started threads that fork could break (gloo is set up inside the children).
-    mp.start_processes(
-        _ddp_worker,
-        args=(2, str(tmp_path / "init"), str(tmp_path / "data.pt"), str(tmp_path)),
-        nprocs=2,
-        join=True,
-        start_method="fork",
-    )
+    # Uneven halves: the "cat" state of GroupAUC is padded and trimmed by torchmetrics.
+    _run_ddp(tmp_path, (g, x, y, w), cut=1700)
     full = _update_all(_metrics(), g, x, y, w)
     half = _update_all(_metrics(), g[:1700], x[:1700], y[:1700], w[:1700])
     for rank in (0, 1):
