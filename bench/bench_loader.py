@@ -67,6 +67,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,7 @@ sys.path.insert(0, str(ROOT))
 
 from recformer.config import FeatureSpec  # noqa: E402
 from recformer.data.datamodule import RecDataModule  # noqa: E402
+from recformer.data.dataset import keep_freed_memory  # noqa: E402
 
 
 def ensure_data(path: Path, rows: int, max_len: int) -> None:
@@ -96,6 +98,21 @@ def raw_scan(data: Path, limit: int) -> tuple[int, float, float]:
             if rows >= limit:
                 return rows, time.perf_counter() - t0, time.process_time() - c0
     return rows, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _call_into(out, fn, *args) -> None:
+    out.put(fn(*args))
+
+
+def _in_child(fn, *args):
+    """``fn(*args)`` in a forked process of its own (for settings that are process-wide)."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_call_into, args=(out, fn, *args))
+    p.start()
+    result = out.get()
+    p.join()
+    return result
 
 
 def _raw_child(data: Path, limit: int, out) -> None:
@@ -162,6 +179,58 @@ def loader_scan(data: Path, workers: int, limit: int, batch_size: int) -> dict:
     }
 
 
+class _Timed:
+    """Adds the CPU seconds of each call of ``fn`` to ``clock[name]``."""
+
+    def __init__(self, fn, clock: dict, name: str):
+        self.fn, self.clock, self.name = fn, clock, name
+
+    def __call__(self, *args, **kwargs):
+        c = time.process_time()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.clock[self.name] += time.process_time() - c
+
+
+class _TimedFile:
+    """A ParquetFile whose ``read_row_group`` is timed."""
+
+    def __init__(self, path: Path, clock: dict):
+        self.read_row_group = _Timed(pq.ParquetFile(path).read_row_group, clock, "read")
+
+
+def stage_split(data: Path, limit: int, batch_size: int) -> dict:
+    """CPU microseconds per row of each stage of the loader, run in this one process (no workers,
+    so no transfer and no contention): ``read`` (``read_row_group``), ``decode`` (checks, id and gap
+    mapping, records), ``cut`` (a worker's gather of a shuffled batch into its transit form) and
+    ``pad`` (the training process's ``to_batch``); ``other`` is the rest of the loop (windows,
+    permutations). Both processes' settings apply: the worker's allocator (``keep_freed_memory``,
+    process-wide: ``main`` runs each split in a forked process of its own) for all stages."""
+    keep_freed_memory()
+    dm = RecDataModule(str(data), batch_size=batch_size, num_workers=0, validate="footer", pin_memory=False)
+    dm.setup("fit")
+    stream = dm.train_dataloader().stream
+    stream.warm_up()
+    clock = dict.fromkeys(("read", "decode", "cut", "pad"), 0.0)
+    stream._files = {i: _TimedFile(f, clock) for i, f in enumerate(stream.index.files)}
+    stream.decoder.decode = _Timed(stream.decoder.decode, clock, "decode")
+    cut = _Timed(lambda data, idx: data.gather(idx, packed=True, buffer=buf), clock, "cut")
+    pad = _Timed(stream.decoder.layout.to_batch, clock, "pad")
+    buf = np.empty(stream.batch_bytes(), np.uint8)
+    rows, c0 = 0, time.process_time()
+    for window, idx in stream.worker_batches(0, 1):
+        pad(cut(window, idx))
+        rows += len(idx)
+        if rows >= limit:
+            break
+    total = time.process_time() - c0
+    out = {k: v / rows * 1e6 for k, v in clock.items()}
+    out["other"] = total / rows * 1e6 - sum(out.values())
+    out["total"] = total / rows * 1e6
+    return out
+
+
 MEM_CHILD = """
 import resource, sys
 sys.path.insert(0, {root!r})
@@ -199,22 +268,8 @@ def peak_memory(data: Path, n_files: int, workers: int, batch_size: int) -> dict
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path("/tmp/bench_synth"))
-    p.add_argument("--rows", type=int, default=5_000_000, help="rows to generate if --data is missing")
-    p.add_argument("--max-len", type=int, default=100)
-    p.add_argument("--limit", type=int, default=1_000_000, help="rows read per timed pass")
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--memory-files", type=int, nargs="+", default=[1, 2, 5])
-    p.add_argument("--json", type=Path, default=None)
-    a = p.parse_args()
-    ensure_data(a.data, a.rows, a.max_len)
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in (a.data / "train").glob("*.parquet"))
-    print(f"data: {a.data} ({total} train rows), timed passes of {a.limit} rows, {os.cpu_count()} cores")
-
+def throughput(a: argparse.Namespace) -> dict:
+    """The side-by-side rounds and their table (see the module docstring)."""
     # Rounds of raw, w1, raw, w2, raw, ...: each loader run is compared with the mean of the raw
     # scans just before and after it. This machine's speed drifts by +-15% within a minute, so a
     # ratio of medians taken minutes apart would mostly measure the drift.
@@ -291,17 +346,56 @@ def main() -> None:
             f"w{w} on {cores} cores: at {cpu_us:.2f} CPU us per row (workers + training process) the cores "
             f"deliver at most {bound:,.0f} rows/s, {bound / med(raws) / w:.2f} of the raw scan per worker"
         )
+    return summary
 
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=Path("/tmp/bench_synth"))
+    p.add_argument("--rows", type=int, default=5_000_000, help="rows to generate if --data is missing")
+    p.add_argument("--max-len", type=int, default=100)
+    p.add_argument("--limit", type=int, default=1_000_000, help="rows read per timed pass")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=5, help="0: skip the throughput rounds")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--memory-files", type=int, nargs="*", default=[1, 2, 5], help="none: no memory runs")
+    p.add_argument(
+        "--stages",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="BATCH_SIZE",
+        help="also split one process's CPU per row by stage, at these batch sizes (default: --batch-size)",
+    )
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    ensure_data(a.data, a.rows, a.max_len)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in (a.data / "train").glob("*.parquet"))
+    print(f"data: {a.data} ({total} train rows), timed passes of {a.limit} rows, {os.cpu_count()} cores")
+
+    summary = throughput(a) if a.repeats > 0 else {}
     mem = [peak_memory(a.data, n, 2, a.batch_size) for n in a.memory_files]
-    print("\npeak memory, 2 workers, full epoch")
-    print(f"{'files':>5s} {'rows':>10s} {'main MB':>8s} {'worker MB':>10s} {'total MB':>9s}")
+    if mem:
+        print("\npeak memory, 2 workers, full epoch")
+        print(f"{'files':>5s} {'rows':>10s} {'main MB':>8s} {'worker MB':>10s} {'total MB':>9s}")
     for m in mem:
         print(
             f"{m['files']:5d} {m['rows']:10d} {m['main_mb']:8.0f} {m['worker_mb']:10.0f} {m['total_mb']:9.0f}"
         )
+    stages = {}
+    if a.stages is not None:
+        print(
+            "\nCPU us per row by stage, in one process (read, decode: a worker per row group; cut: a "
+            "worker per batch; pad: the training process per batch)"
+        )
+        names = ("read", "decode", "cut", "pad", "other", "total")
+        print(f"{'batch':>6s} " + " ".join(f"{n:>7s}" for n in names))
+        for bs in a.stages or [a.batch_size]:
+            stages[bs] = _in_child(stage_split, a.data, a.limit, bs)
+            print(f"{bs:6d} " + " ".join(f"{stages[bs][n]:7.3f}" for n in names))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"throughput": summary, "memory": mem}
+        out = {"throughput": summary, "memory": mem, "stages": stages}
         a.json.write_text(json.dumps(out, indent=2))
 
 

@@ -189,6 +189,37 @@ def test_events_go_to_the_rows_at_their_positions():
     assert mask.tolist() == [[True, True], [False, False], [False, True]]
 
 
+@pytest.mark.parametrize("sizes", [[50], [7, 0, 30, 13], [0, 20]])
+def test_cut_plan_matches_numpy(sizes):
+    rng = np.random.default_rng(len(sizes))
+    starts = np.cumsum([0, *sizes])
+    kept = rng.integers(0, 6, starts[-1]).astype(np.int32)
+    idx = rng.permutation(starts[-1])[:25]
+    B, P = len(idx), len(sizes)
+    lens, (first, rows, pos) = np.empty(B, np.int32), np.empty((3, B), np.int64)
+    bounds = np.empty(P + 1, np.int64)
+    events = kernels.cut_plan(idx, starts, kept, rows, pos, bounds, lens, first)
+    assert events == kept[idx].sum()
+    assert lens.tolist() == kept[idx].tolist()
+    assert first.tolist() == (np.cumsum(kept[idx]) - kept[idx]).tolist()
+    part = np.searchsorted(starts, idx, side="right") - 1
+    for p in range(P):
+        at = np.flatnonzero(part == p)  # batch rows of part p, in batch order
+        assert pos[bounds[p] : bounds[p + 1]].tolist() == at.tolist()
+        assert rows[bounds[p] : bounds[p + 1]].tolist() == (idx[at] - starts[p]).tolist()
+    for bad, r in (([3, starts[-1], 1], 1), ([-1], 0)):
+        assert kernels.cut_plan(np.array(bad), starts, kept, rows, pos, bounds, lens, first) == -1 - r
+
+
+def test_transit_plan_is_the_planned_transit_layout():
+    from recformer.data.batch import PackedBatch
+
+    lay = decode_table(tiny_spec(), log_table(4, 0, seed=1)).layout
+    for n in (1, 5, 32):
+        for events in (0, 1, 3, 7, 32 * lay.max_len):
+            assert lay.transit_plan(n, events) == PackedBatch.plan(lay.transit(n, events))
+
+
 def test_a_window_of_parts_gathers_like_one_part(tiny_data):
     from recformer.data.decode import Window
 

@@ -154,6 +154,27 @@ class BatchLayout:
             ("ev_gap", torch.uint8, (events,)),
         )
 
+    def transit_plan(self, n: int, events: int) -> tuple[tuple, int]:
+        """``PackedBatch.plan(self.transit(n, events))``, from the event-free part planned once per
+        ``n``: every batch keeps a different number of events, so the plan's cache never hit."""
+        head, at, per_event = self._transit_head(n)
+        ev = []
+        for name, dtype, tail, size in per_event:
+            ev.append((name, dtype, (events, *tail), at))
+            at += -(-events * size // 8) * 8
+        return head + tuple(ev), at
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of layouts and batch sizes per process)
+    def _transit_head(self, n: int) -> tuple[tuple, int, tuple]:
+        """The planned fields of an ``n``-row batch in transit before its events, where the events
+        start, and per event field its (name, dtype, shape after the event axis, bytes per event)."""
+        layout, _ = PackedBatch.plan(self.transit(n, 0))
+        per_event = tuple(
+            (name, dtype, shape[1:], math.prod(shape[1:]) * numpy_dtype(dtype).itemsize)
+            for name, dtype, shape in self.transit(n, 0)[3:]
+        )
+        return layout[:3], layout[3][3], per_event
+
     def slot_bytes(self, n: int) -> int:
         """Bytes of the largest ``n``-row batch in transit (every row keeping ``max_len`` events)."""
         return PackedBatch.plan(self.transit(n, n * self.max_len))[1]
@@ -280,6 +301,12 @@ class Window:
 
     def __post_init__(self) -> None:
         self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+        L = self.parts[0].layout.max_len if self.parts else 0
+        # Events each window row keeps, once per window rather than per batch.
+        self.kept = np.concatenate(
+            [np.minimum(np.diff(p.hist.off), L) if p.hist else np.zeros(len(p), np.int64) for p in self.parts]
+            or [np.zeros(0, np.int64)]
+        ).astype(np.int32)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -293,37 +320,23 @@ class Window:
         one)."""
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
-        # The kernels do not check bounds: an index outside the window would read other memory.
-        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"rows {idx.min()}..{idx.max()} outside a window of {len(self)} rows")
+        B = len(idx)
+        lens, (first, rows, pos) = np.empty(B, np.int32), np.empty((3, B), np.int64)
+        bounds = np.empty(len(self.parts) + 1, np.int64)
+        # The kernels do not check bounds: cut_plan refuses an index outside the window.
+        events = kernels.cut_plan(idx, self.starts, self.kept, rows, pos, bounds, lens, first)
+        if events < 0:
+            raise IndexError(f"row {idx[-1 - events]} outside a window of {len(self)} rows")
         lay = self.parts[0].layout
-        if len(self.parts) == 1:
-            pieces = [(self.parts[0], idx, _arange(len(idx)))]
-        else:
-            part = np.searchsorted(self.starts, idx, side="right") - 1
-            pieces = []
-            for p, decoded in enumerate(self.parts):
-                pos = np.flatnonzero(part == p)
-                if len(pos):
-                    pieces.append((decoded, idx[pos] - self.starts[p], pos))
-        # Each row's kept events, and where they start in the batch's ragged event arrays.
-        lens = np.zeros(len(idx), np.int64)
-        for decoded, rows, pos in pieces:
-            if decoded.hist:
-                kernels.kept_lengths(decoded.hist.off, rows, pos, lay.max_len, lens)
-        ends = np.cumsum(lens)
-        out = PackedBatch.empty(lay.transit(len(idx), int(ends[-1]) if len(idx) else 0), buffer)
+        out = PackedBatch.empty(lay.transit_plan(B, events), buffer)
         views = out.arrays()
         views["hist_len"][:] = lens
         views["oov"][:] = 0
-        for decoded, rows, pos in pieces:
-            decoded.fill(rows, pos, ends - lens, views)
+        for p, decoded in enumerate(self.parts):
+            a, b = bounds[p], bounds[p + 1]
+            if b > a:
+                decoded.fill(rows[a:b], pos[a:b], first, views)
         return out if packed else lay.to_batch(out)
-
-
-@functools.lru_cache(maxsize=4)
-def _arange(n: int) -> np.ndarray:
-    return np.arange(n)
 
 
 def stable_hash(values: list[str]) -> np.ndarray:

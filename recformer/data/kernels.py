@@ -7,7 +7,7 @@ against a dozen scalars). A batch crosses from a worker to the training process 
 
 - decode (``map_ids``, ``map_gaps``, ``put_words``): once per row group, in sequential passes that
   also check the values, history ids become table rows and gaps bucket rows, in narrow dtypes;
-- worker (``kept_lengths``, ``gather_records``, ``gather_events``): each batch row's record is copied
+- worker (``cut_plan``, ``gather_records``, ``gather_events``): each batch row's record is copied
   whole, and its newest ``keep = min(len, L)`` events are copied consecutively (OOV counted);
 - training process (``scatter_records``, ``pad_events``): records become field columns and each
   row's events go to slots ``L - keep .. L - 1`` behind zero / False padding. This replaces the copy
@@ -145,11 +145,44 @@ def gather_events(off, items, cats, gaps, L, idx, pos, start, out_item, out_cat,
 
 
 @_jit
-def kept_lengths(off, idx, pos, L, lens):
-    """``lens[pos[r]]`` = events window row ``idx[r]`` keeps, ``min(len, L)``."""
-    for r in range(idx.shape[0]):
+def cut_plan(idx, starts, kept, rows, pos, bounds, lens, first):
+    """Worker side, a batch's plan in one pass (rather than a dozen numpy calls per batch): batch row
+    ``r`` (window row ``idx[r]``) keeps ``lens[r] = kept[idx[r]]`` events, from ``first[r]`` of the
+    batch's ragged event arrays (rows in batch order); and the batch rows grouped by window part
+    (``starts``: [P + 1] part starts), in batch order within a part: part ``p``'s are batch rows
+    ``pos[bounds[p]:bounds[p + 1]]``, at part rows ``rows[...]``. Returns the events of the batch,
+    or ``-1 - r`` when ``idx[r]`` is outside the window (nothing is read there)."""
+    B, P = idx.shape[0], starts.shape[0] - 1
+    for p in range(P + 1):
+        bounds[p] = 0
+    total = 0
+    for r in range(B):
         i = idx[r]
-        lens[pos[r]] = min(off[i + 1] - off[i], L)
+        if i < 0 or i >= starts[P]:
+            return -1 - r
+        k = kept[i]
+        lens[r] = k
+        first[r] = total
+        total += k
+        p = 0
+        while i >= starts[p + 1]:
+            p += 1
+        bounds[p + 1] += 1
+    for p in range(P):
+        bounds[p + 1] += bounds[p]
+    for r in range(B):  # a stable counting sort by part; bounds[p] walks part p's run
+        i = idx[r]
+        p = 0
+        while i >= starts[p + 1]:
+            p += 1
+        j = bounds[p]
+        pos[j] = r
+        rows[j] = i - starts[p]
+        bounds[p] = j + 1
+    for p in range(P, 0, -1):  # each bounds[p] stopped at its run's end, the next run's start
+        bounds[p] = bounds[p - 1]
+    bounds[0] = 0
+    return total
 
 
 @_jit

@@ -124,7 +124,7 @@ class SlotRing:
     def take(self, worker: int, slot: int, pin: bool) -> Batch:
         """The batch in a filled slot, padded into a fresh (pinned) buffer; frees the slot."""
         rows, events = (int(v) for v in self._head[worker, slot])
-        layout, nbytes = PackedBatch.plan(self.layout.transit(rows, events))
+        layout, nbytes = self.layout.transit_plan(rows, events)
         try:
             return self.layout.to_batch(PackedBatch(self.slot(worker, slot)[:nbytes], layout), pin)
         finally:
