@@ -19,6 +19,13 @@ Side by side in one run, over ``--repeats`` rounds of raw, w1, raw, w2, ..., raw
 - ``raw xN par.``: N raw scans in N processes at once: what these cores read together.
 - ``wN on C cores`` (when N >= C): the most rows/s C fully busy cores can deliver at the measured CPU
   per row of the workers and the training process together, and what that is per worker.
+- ``--unpadded N``: also N workers with a training process that frees each slot without padding its
+  batch: what the workers deliver when the training process does nothing (an upper bound, not a
+  loader).
+- ``--stages B ...``: CPU per row of each stage in one process at batch sizes B: ``read``,
+  ``decode`` (per row group), ``cut`` (a worker's batch into its slot form), ``pad`` (the training
+  process's ``to_batch``), ``other``. The per-batch fixed costs show as the difference between
+  batch sizes. ``--repeats 0 --memory-files`` runs it alone.
 The target is >= 0.7 of the raw rows/s *per worker*. Each worker is one process on one core, and the
 training process needs a share of a core too (``main us/row``): on a 2-core machine two workers run
 on cores the training process also uses.
@@ -26,31 +33,41 @@ on cores the training process also uses.
 Memory: peak RSS of the training process plus its workers while streaming the first 1, 2, ... files
 (the same spec), each in a fresh subprocess; flat means the loader holds windows, not the dataset.
 
-Measured 2026-11-30 on the 2-core dev machine, 5M rows (64 events per row on average, 31% at the
-100 cap; files written by ``recformer data synth`` with every column declared non-null), the
-defaults (``--limit 1000000 --repeats 5 --memory-files 1 2 5``):
+Measured 2026-11-30 on the 2-core dev machine (the commit after 8ff8f94), 5M rows (64 events per
+row on average, 31% at the 100 cap; files written by ``recformer data synth`` with every column
+declared non-null), the defaults plus ``--unpadded 2 --stages 256 1024 4096``:
 
 | reader | rows/s | vs raw | per worker (spread over rounds) | CPU us/row | training process us/row |
 | --- | --- | --- | --- | --- | --- |
-| raw | 952k | 1.00 | 1.00 | 1.05 | |
-| loader w1 | 681k | 0.73 | 0.73 (0.71-0.76) | 1.46 | 0.18 |
-| loader w2 | 1158k | 1.23 | 0.61 (0.60-0.63) | 1.56 | 0.15 |
-| raw x2 in parallel | 1743k | 1.83 | | | |
+| raw | 957k | 1.00 | 1.00 | 1.04 | |
+| loader w1 | 719k | 0.75 | 0.75 (0.72-0.76) | 1.39 | 0.155 |
+| loader w2 | 1162k | 1.22 | 0.61 (0.59-0.63) | 1.54 | 0.128 |
+| w2, training process idle | 1308k | 1.37 | 0.68 (0.66-0.71) | 1.50 | 0.013 |
+| raw x2 in parallel | 1691k | 1.77 | | | |
 
-CPU per delivered row: 0.72 of a worker's time is the read itself. Two workers on two cores run at
-the CPU bound: at 1.70 CPU us per row (1.56 + 0.15) the cores deliver at most 1.17M rows/s, 0.62 per
-worker. The 0.7 target needs the workers and the training process to spend at most ~0.45 us per row
-above the read (0.65 now), or a core per worker (``bench/loader_device.sh``, not run yet). First
-batch after 0.10-0.13 s (0.26 s in the first round, cold). Peak memory 1771 / 1768 / 1776 MB for
-1 / 2 / 5M rows.
+| batch | read | decode | cut | pad | other | total (CPU us/row, one process) |
+| --- | --- | --- | --- | --- | --- | --- |
+| 256 | 1.040 | 0.134 | 0.200 | 0.183 | 0.051 | 1.608 |
+| 1024 | 1.062 | 0.142 | 0.150 | 0.108 | 0.033 | 1.496 |
+| 4096 | 1.036 | 0.136 | 0.126 | 0.081 | 0.027 | 1.406 |
 
-Steps the same day. Before the window-deep worker ring (commit 6d60749): w1 0.74, w2 0.56 each
-(1.72-1.81 of the 2 cores busy with two workers; 1.92-1.99 after). Before the non-null log schema
-and ``keep_freed_memory`` (commit 1506dec, the same data written with nullable columns): raw 737k
-rows/s (1.35 us/row), w1 541k (0.73), w2 841k (0.58 each), worker 1.85 us/row. The schema made the
-read itself 20% cheaper (1.31 -> 1.05 us/row, the same rows in both layouts, alternated in one run);
-with the same code, old against new files alternated in one run, one worker went from 441-587k to
-639-730k rows/s (CPU 1.69-2.03 -> 1.36-1.54 us/row). Earlier sessions: 1 worker 0.71, then 0.64;
+0.75 of a worker's time is the read itself. Two workers on two cores run at the CPU bound (1.67 us
+per row with the training process: at most 1.20M rows/s, 0.63 per worker); an earlier run of the
+same code read 0.64 (1.21M rows/s). Even with a training process that does nothing, two workers
+deliver 0.68 each: on two cores the 0.7 target is out of reach of anything the training process
+does, and needs the workers' own CPU per row down, or a core per worker (``bench/loader_device.sh``,
+not run yet: no device lent). Peak memory 1761 / 1765 / 1774 MB for 1 / 2 / 5M rows.
+
+Steps. The batch plan in one compiled pass (``kernels.cut_plan``) and per-size transit layouts: cut
+0.180 -> 0.146 us/row at 1024-row batches, 0.31 -> 0.20 at 256; w1 0.73 -> 0.75-0.76, w2 0.61 ->
+0.61-0.64 (alternated with the commit before, three runs each). The earlier same-day run: raw 952k,
+w1 681k (0.73), w2 1158k (0.61). Before the window-deep worker ring (commit 6d60749): w1 0.74, w2
+0.56 each (1.72-1.81 of the 2 cores busy with two workers; 1.92-1.99 after). Before the non-null log
+schema and ``keep_freed_memory`` (commit 1506dec, the same data written with nullable columns): raw
+737k rows/s (1.35 us/row), w1 541k (0.73), w2 841k (0.58 each), worker 1.85 us/row. The schema made
+the read itself 20% cheaper (1.31 -> 1.05 us/row, the same rows in both layouts, alternated in one
+run); with the same code, old against new files alternated in one run, one worker went from 441-587k
+to 639-730k rows/s (CPU 1.69-2.03 -> 1.36-1.54 us/row). Earlier sessions: 1 worker 0.71, then 0.64;
 before the compiled kernels 0.43.
 """
 
@@ -113,6 +130,29 @@ def _in_child(fn, *args):
     result = out.get()
     p.join()
     return result
+
+
+class _Rows(int):
+    """What ``unpadded_scan``'s training process takes out of a slot: the batch's row count."""
+
+    def __len__(self) -> int:
+        return int(self)
+
+
+def unpadded_scan(data: Path, workers: int, limit: int, batch_size: int) -> dict:
+    """``loader_scan`` with a training process that frees each slot without padding its batch
+    (no ``to_batch``): what the workers deliver when the training process does nothing. An upper
+    bound for moving the padding out of the training process, not a loader; run it in a child
+    (``_in_child``), since it patches the ring."""
+    from recformer.data import ring
+
+    def take(self, worker: int, slot: int, pin: bool) -> _Rows:
+        rows = self.header(worker, slot)
+        self.release(worker)
+        return _Rows(rows)
+
+    ring.SlotRing.take = take
+    return loader_scan(data, workers, limit, batch_size)
 
 
 def _raw_child(data: Path, limit: int, out) -> None:
@@ -275,23 +315,28 @@ def throughput(a: argparse.Namespace) -> dict:
     # ratio of medians taken minutes apart would mostly measure the drift.
     raws: list[float] = []
     raw_cpu: list[float] = []
-    loaders: dict[int, list[dict]] = {w: [] for w in a.workers}
+    readers = [(f"w{w}", w, False) for w in a.workers] + [(f"w{w} unpadded", w, True) for w in a.unpadded]
+    loaders: dict[str, list[dict]] = {name: [] for name, _, _ in readers}
     for r in range(a.repeats):
-        for w in a.workers:
+        for name, w, unpadded in readers:
             n, s, c = raw_scan(a.data, a.limit)
             raws.append(n / s)
             raw_cpu.append(c / n * 1e6)
-            run = loader_scan(a.data, w, a.limit, a.batch_size)
-            run["raw_before"] = raws[-1]
-            loaders[w].append(run)
+            if unpadded:
+                run = _in_child(unpadded_scan, a.data, w, a.limit, a.batch_size)
+            else:
+                run = loader_scan(a.data, w, a.limit, a.batch_size)
+            run["raw_before"], run["workers"] = raws[-1], w
+            loaders[name].append(run)
             print(
-                f"  round {r}: raw {raws[-1]:10,.0f} rows/s   loader w{w} {run['rows_s']:10,.0f} rows/s"
+                f"  round {r}: raw {raws[-1]:10,.0f} rows/s   loader {name} {run['rows_s']:10,.0f} rows/s"
                 f"   first batch after {run['first_s']:.2f} s"
             )
     n, s, c = raw_scan(a.data, a.limit)
     raws.append(n / s)
     raw_cpu.append(c / n * 1e6)
-    for k, run in enumerate(run for r in range(a.repeats) for w in a.workers for run in [loaders[w][r]]):
+    in_order = (loaders[name][r] for r in range(a.repeats) for name, _, _ in readers)
+    for k, run in enumerate(in_order):
         run["raw_after"] = raws[k + 1]
         run["ratio"] = run["rows_s"] / ((run["raw_before"] + run["raw_after"]) / 2)
     parallel = {w: raw_parallel(a.data, a.limit, w) for w in a.workers if w > 1}
@@ -300,12 +345,13 @@ def throughput(a: argparse.Namespace) -> dict:
     raw_us = med(raw_cpu)
     print("\nthroughput (loaders timed from their first batch; ratios against the raw scans around each run)")
     print(
-        f"{'reader':12s} {'rows/s':>10s} {'vs raw':>7s} {'per worker':>10s} {'spread':>11s} "
+        f"{'reader':20s} {'rows/s':>10s} {'vs raw':>7s} {'per worker':>10s} {'spread':>11s} "
         f"{'worker us/row':>13s} {'main us/row':>11s} {'first batch s':>13s}"
     )
-    print(f"{'raw':12s} {med(raws):10,.0f} {1:7.2f} {1:10.2f} {'':11s} {raw_us:13.3f}")
+    print(f"{'raw':20s} {med(raws):10,.0f} {1:7.2f} {1:10.2f} {'':11s} {raw_us:13.3f}")
     summary = {"raw": {"rows_s": med(raws), "cpu_us_per_row": raw_us, "runs": raws}}
-    for w, runs in loaders.items():
+    for name, runs in loaders.items():
+        w = runs[0]["workers"]
         ratios = [x["ratio"] for x in runs]
         row = {
             "rows_s": med(x["rows_s"] for x in runs),
@@ -317,33 +363,34 @@ def throughput(a: argparse.Namespace) -> dict:
             "first_batch_s": med(x["first_s"] for x in runs),
             "runs": runs,
         }
-        summary[f"loader w{w}"] = row
+        summary[f"loader {name}"] = row
         print(
-            f"{'loader w' + str(w):12s} {row['rows_s']:10,.0f} {row['ratio']:7.2f} {row['per_worker']:10.2f} "
+            f"{'loader ' + name:20s} {row['rows_s']:10,.0f} {row['ratio']:7.2f} {row['per_worker']:10.2f} "
             f"{min(ratios) / w:5.2f}-{max(ratios) / w:4.2f} {row['worker_us_per_row']:13.3f} "
             f"{row['main_us_per_row']:11.3f} {row['first_batch_s']:13.2f}"
         )
     for w, v in parallel.items():
         summary[f"raw x{w} in parallel"] = v
         name = f"raw x{w} par."
-        print(f"{name:12s} {v:10,.0f} {v / med(raws):7.2f}   ({w} raw scans at once: these cores' ceiling)")
-    if 1 in loaders:
+        print(f"{name:20s} {v:10,.0f} {v / med(raws):7.2f}   ({w} raw scans at once: these cores' ceiling)")
+    if "w1" in loaders:
         w_us = summary["loader w1"]["worker_us_per_row"]
         print(
             f"\nCPU per delivered row: one worker {w_us:.3f} us, the raw scan {raw_us:.3f} us: "
             f"{raw_us / w_us:.2f} of a worker's time is the read itself"
         )
     cores = os.cpu_count() or 1
-    for w in loaders:
+    for name, runs in loaders.items():
+        w = runs[0]["workers"]
         if w < cores:
             continue
         # Workers and the training process share every core: what the measured CPU per row allows.
-        row = summary[f"loader w{w}"]
+        row = summary[f"loader {name}"]
         cpu_us = row["worker_us_per_row"] + row["main_us_per_row"]  # worker_us: all workers, per row
         bound = cores / cpu_us * 1e6
         row["cpu_bound_rows_s"] = bound
         print(
-            f"w{w} on {cores} cores: at {cpu_us:.2f} CPU us per row (workers + training process) the cores "
+            f"{name} on {cores} cores: at {cpu_us:.2f} CPU us per row (workers + training process) the cores "
             f"deliver at most {bound:,.0f} rows/s, {bound / med(raws) / w:.2f} of the raw scan per worker"
         )
     return summary
@@ -358,6 +405,14 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5, help="0: skip the throughput rounds")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--unpadded",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="WORKERS",
+        help="also these worker counts with a training process that does no padding (an upper bound)",
+    )
     p.add_argument("--memory-files", type=int, nargs="*", default=[1, 2, 5], help="none: no memory runs")
     p.add_argument(
         "--stages",
