@@ -168,16 +168,17 @@ class BatchLayout:
     def _transit_head(self, n: int) -> tuple[tuple, int, tuple]:
         """The planned fields of an ``n``-row batch in transit before its events, where the events
         start, and per event field its (name, dtype, shape after the event axis, bytes per event)."""
-        layout, _ = PackedBatch.plan(self.transit(n, 0))
+        specs = self.transit(n, 0)
+        layout, _ = PackedBatch.plan(specs)
         per_event = tuple(
             (name, dtype, shape[1:], math.prod(shape[1:]) * numpy_dtype(dtype).itemsize)
-            for name, dtype, shape in self.transit(n, 0)[3:]
+            for name, dtype, shape in specs[3:]
         )
         return layout[:3], layout[3][3], per_event
 
     def slot_bytes(self, n: int) -> int:
         """Bytes of the largest ``n``-row batch in transit (every row keeping ``max_len`` events)."""
-        return PackedBatch.plan(self.transit(n, n * self.max_len))[1]
+        return self.transit_plan(n, n * self.max_len)[1]
 
     def to_batch(self, packed: PackedBatch, pin: bool = False) -> Batch:
         """The padded Batch of a batch in transit (``transit``), in one fresh buffer (pinned with
