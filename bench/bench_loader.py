@@ -26,6 +26,11 @@ Side by side in one run, over ``--repeats`` rounds of raw, w1, raw, w2, ..., raw
   ``decode`` (per row group), ``cut`` (a worker's batch into its slot form), ``pad`` (the training
   process's ``to_batch``), ``other``. The per-batch fixed costs show as the difference between
   batch sizes. ``--repeats 0 --memory-files`` runs it alone.
+- ``--raw-variants R``: is ``raw`` the ceiling? Other plain pyarrow reads of the same rows
+  (``memory_map``, ``iter_batches`` of 2048-8192 rows) in R shuffled rounds, as CPU per row against
+  ``read_row_group``'s in the same round. 2026-11-30, 30 rounds: ``memory_map`` 0.978 (quartiles
+  0.95-0.99), ``iter_batches`` 2048 0.997 (0.96-1.19), 4096 1.206, 8192 1.200: the raw scan is within
+  2-5% of the fastest plain read, and the loader reads the same way.
 The target is >= 0.7 of the raw rows/s *per worker*. Each worker is one process on one core, and the
 training process needs a share of a core too (``main us/row``): on a 2-core machine two workers run
 on cores the training process also uses.
@@ -103,18 +108,64 @@ def ensure_data(path: Path, rows: int, max_len: int) -> None:
     write_synth(path, rows, val_rows=0, test_rows=0, max_len=max_len, rows_per_file=1_000_000, progress=True)
 
 
-def raw_scan(data: Path, limit: int) -> tuple[int, float, float]:
-    """Rows read, wall seconds and CPU seconds of a single-thread ``read_row_group`` scan."""
+def raw_scan(
+    data: Path, limit: int, memory_map: bool = False, chunk: int | None = None, first_file: int = 0
+) -> tuple[int, float, float]:
+    """Rows read, wall seconds and CPU seconds of a single-thread scan: ``read_row_group`` per row
+    group (what the loader's workers call), or with ``chunk`` ``iter_batches`` of that many rows;
+    files from ``first_file`` on, wrapping round."""
     spec = FeatureSpec.load(data / "spec.yaml")
     cols = spec.columns()
+    files = sorted((data / "train").glob("*.parquet"))
+    files = files[first_file % len(files) :] + files[: first_file % len(files)]
     rows, t0, c0 = 0, time.perf_counter(), time.process_time()
-    for f in sorted((data / "train").glob("*.parquet")):
-        pf = pq.ParquetFile(f)
-        for i in range(pf.metadata.num_row_groups):
-            rows += pf.read_row_group(i, columns=cols, use_threads=False).num_rows
+    for f in files:
+        pf = pq.ParquetFile(f, memory_map=memory_map)
+        if chunk is None:
+            tables = (
+                pf.read_row_group(i, columns=cols, use_threads=False)
+                for i in range(pf.metadata.num_row_groups)
+            )
+        else:
+            tables = pf.iter_batches(batch_size=chunk, columns=cols, use_threads=False)
+        for t in tables:
+            rows += t.num_rows
             if rows >= limit:
                 return rows, time.perf_counter() - t0, time.process_time() - c0
     return rows, time.perf_counter() - t0, time.process_time() - c0
+
+
+RAW_VARIANTS = {
+    "read_row_group": {},
+    "memory_map": {"memory_map": True},
+    "iter_batches 2048": {"chunk": 2048},
+    "iter_batches 4096": {"chunk": 4096},
+    "iter_batches 8192": {"chunk": 8192},
+}
+
+
+def raw_variants(data: Path, limit: int, rounds: int) -> dict:
+    """Is ``raw`` (``read_row_group``, the loader's own read) the ceiling? Other plain pyarrow reads
+    of the same rows, each round in a shuffled order on the same file, as CPU per row against
+    ``read_row_group``'s in that round: the median of those ratios and their quartiles (this
+    machine's speed drifts too much for a ratio of medians)."""
+    rng = np.random.default_rng(0)
+    names = list(RAW_VARIANTS)
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        us = {}
+        for k in rng.permutation(len(names)):
+            n, _, c = raw_scan(data, limit, first_file=r, **RAW_VARIANTS[names[k]])
+            us[names[k]] = c / n * 1e6
+        for name in names:
+            cpu[name].append(us[name])
+            ratios[name].append(us[name] / us["read_row_group"])
+    out = {}
+    for name in names:
+        q = np.quantile(ratios[name], [0.25, 0.5, 0.75])
+        out[name] = {"cpu_us_row": statistics.median(cpu[name]), "ratio": q[1], "q1": q[0], "q3": q[2]}
+    return out
 
 
 def _call_into(out, fn, *args) -> None:
@@ -422,6 +473,13 @@ def main() -> None:
         metavar="BATCH_SIZE",
         help="also split one process's CPU per row by stage, at these batch sizes (default: --batch-size)",
     )
+    p.add_argument(
+        "--raw-variants",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also time other plain pyarrow reads against read_row_group over ROUNDS shuffled rounds",
+    )
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
     ensure_data(a.data, a.rows, a.max_len)
@@ -448,9 +506,18 @@ def main() -> None:
         for bs in a.stages or [a.batch_size]:
             stages[bs] = _in_child(stage_split, a.data, a.limit, bs)
             print(f"{bs:6d} " + " ".join(f"{stages[bs][n]:7.3f}" for n in names))
+    variants = raw_variants(a.data, a.limit, a.raw_variants) if a.raw_variants else {}
+    if variants:
+        print(
+            f"\nraw read variants: CPU per row against read_row_group's in the same round, "
+            f"{a.raw_variants} rounds"
+        )
+        print(f"{'read':>18s} {'us/row':>7s} {'ratio':>6s} {'quartiles':>12s}")
+    for name, v in variants.items():
+        print(f"{name:>18s} {v['cpu_us_row']:7.3f} {v['ratio']:6.3f} {v['q1']:5.2f}-{v['q3']:.2f}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"throughput": summary, "memory": mem, "stages": stages}
+        out = {"throughput": summary, "memory": mem, "stages": stages, "raw_variants": variants}
         a.json.write_text(json.dumps(out, indent=2))
 
 

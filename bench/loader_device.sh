@@ -11,7 +11,7 @@
 # Through the device tool, from the repository root:
 #     bash bench/loader_device.sh
 # It makes 5M synthetic rows (~20 s), runs bench_loader.py with 1, 2 and 4 workers (and 2 with an idle
-# training process, and the per-stage CPU split) and
+# training process, the per-stage CPU split, and other plain reads against the raw scan) and
 # pinned_check.py, and leaves loader.json, pinned.json and their printed tables in $OUT (bench/out
 # without $OUT).
 set -euo pipefail
@@ -29,10 +29,11 @@ python3 -c "import numba, pyarrow, torch; print('numba', numba.__version__, 'pya
 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee "$OUT/versions.txt"
 nproc | tee "$OUT/cores.txt"
 
-# Smaller values make a smoke test: DATA=/tmp/smoke ROWS=200000 LIMIT=100000 REPEATS=1 MEMORY=1
+# Smaller values make a smoke test: DATA=/tmp/smoke ROWS=200000 LIMIT=100000 REPEATS=1 MEMORY=1 VARIANTS=1
 DATA=${DATA:-/tmp/bench_synth}
 python3 bench/bench_loader.py --data "$DATA" --rows "${ROWS:-5000000}" --limit "${LIMIT:-2000000}" \
-  --repeats "${REPEATS:-3}" --workers 1 2 4 --unpadded 2 --stages 256 1024 --memory-files ${MEMORY:-1 2 5} --json "$OUT/loader.json" 2>&1 \
+  --repeats "${REPEATS:-3}" --workers 1 2 4 --unpadded 2 --stages 256 1024 --raw-variants "${VARIANTS:-5}" \
+  --memory-files ${MEMORY:-1 2 5} --json "$OUT/loader.json" 2>&1 \
   | tee "$OUT/loader.txt"
 python3 bench/pinned_check.py --data "$DATA" --workers 2 --batches "${BATCHES:-400}" --json "$OUT/pinned.json" \
   2>&1 | tee "$OUT/pinned.txt"

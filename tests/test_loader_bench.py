@@ -1,0 +1,51 @@
+"""bench/bench_loader.py: every raw read it compares reads the same rows, across files."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from recformer.data.synth import write_synth
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_loader.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_loader", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth")
+    # Three files of uneven row groups: 1200 rows, 500 per file, 256 per row group.
+    write_synth(
+        out, 1200, val_rows=0, test_rows=0, users=50, items=100, max_len=8, content_dim=4,
+        rows_per_file=500, row_group_size=256,
+    )  # fmt: skip
+    return out
+
+
+def test_raw_reads_agree_on_rows_and_stop_at_the_limit(bench, data: Path) -> None:
+    files = sorted((data / "train").glob("*.parquet"))
+    assert [pq.ParquetFile(f).metadata.num_rows for f in files] == [500, 500, 200]
+    for kwargs in bench.RAW_VARIANTS.values():
+        assert bench.raw_scan(data, 10**9, **kwargs)[0] == 1200
+        # From the last file (200 rows) round to the first: the limit is crossed in the first file.
+        rows = bench.raw_scan(data, 300, first_file=2, **kwargs)[0]
+        step = kwargs.get("chunk") or 256
+        assert 300 <= rows <= 200 + -(-100 // step) * step
+
+
+def test_raw_variants_are_ratios_to_read_row_group(bench, data: Path) -> None:
+    out = bench.raw_variants(data, 10**9, rounds=2)
+    assert list(out) == list(bench.RAW_VARIANTS)
+    assert out["read_row_group"]["ratio"] == 1.0
+    for v in out.values():
+        assert v["q1"] <= v["ratio"] <= v["q3"] and v["cpu_us_row"] > 0
