@@ -226,6 +226,21 @@ def test_peak_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
     assert peak[1] - peak[0] < 25, peak
 
 
+def test_compression_changes_the_codec_not_the_rows(small: Path, tmp_path: Path) -> None:
+    write_synth(tmp_path / "lz4", seed=3, compression="lz4", **SMALL)
+    for split in ("train", "val", "test"):
+        assert _read(tmp_path / "lz4", split).equals(_read(small, split)), split
+        for path in sorted((tmp_path / "lz4" / split).glob("part-*.parquet")):
+            md = pq.ParquetFile(path).metadata
+            codecs = {
+                md.row_group(g).column(c).compression
+                for g in range(md.num_row_groups)
+                for c in range(md.num_columns)
+            }
+            assert codecs <= {"LZ4", "LZ4_RAW"}, (path, codecs)
+    assert (tmp_path / "lz4" / "spec.yaml").read_bytes() == (small / "spec.yaml").read_bytes()
+
+
 @pytest.mark.parametrize(
     "override, flag",
     [
@@ -236,6 +251,7 @@ def test_peak_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
         (dict(items=1), "--items"),
         (dict(val_rows=-1), "--val-rows"),
         (dict(row_group_size=0), "--row-group-size"),
+        (dict(compression="gzip"), "--compression"),
     ],
 )
 def test_bad_arguments_name_the_flag(override: dict, flag: str, tmp_path: Path) -> None:
