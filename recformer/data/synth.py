@@ -20,7 +20,7 @@ into files and encoded.
 Speed and size (2-core shared VM, 1M train + 200k val/test rows, --max-len 100, 64 events a row on
 average): about 100k rows/s on one core, 285 bytes a row on disk (zstd; history lists are 95 % of
 it). ``python -m recformer data synth --out /tmp/s --rows 1000000 --max-len 100`` prints both.
-``--compression lz4`` writes 13% more bytes (322 a row) that read 20-25% faster (pyarrow's
+``--compression lz4`` writes 13% more bytes (322 a row) that read about a quarter faster (pyarrow's
 ``read_row_group``, 0.81 against 1.05 us a row; README, Data).
 
 Generative model
@@ -175,7 +175,7 @@ PARQUET_OPTIONS = dict(
     use_byte_stream_split=["user_activity", "item_age", "hist_gaps.list.element"],
 )
 COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
-"""Codecs ``--compression`` takes (every pyarrow build has them)."""
+"""Codecs ``--compression`` takes (the pyarrow wheels ship all four)."""
 DENSE_COLUMNS = ("user_activity", "item_age")
 """Dense columns, both heavy-tailed, normalised after log1p."""
 
