@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -20,6 +21,16 @@ from recformer.config import (
 )
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def load_bench(name: str):
+    """The script ``bench/<name>.py`` as a module (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 N_ITEMS = 50
 N_USERS = 20

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from recformer.data.synth import write_synth
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_loader.py"
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_loader", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_loader")
 
 
 @pytest.fixture(scope="module")

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from recformer.config import RankerConfig
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_model.py"
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_model", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_model")
 
 
 def test_flops_per_sample_matches_the_textbook_count(bench) -> None:
