@@ -113,17 +113,13 @@ class FeatureTokenizer(nn.Module):
             )
         self.slot_emb = nn.Parameter(torch.zeros(self.n_tokens, D))
 
-    # -- item side tables ------------------------------------------------------------------------
-    @torch.no_grad()
     def flops_per_sample(self) -> float:
         """Training FLOPs per sample of the input projections (6 per parameter per application):
         the dense and embedding projections once per sample, the content projection once per item
         token (the target and every history slot). Table lookups are no FLOPs."""
-        once = sum(
-            m.weight.numel() for m in [*self.emb_proj, getattr(self, "dense_proj", None)] if m is not None
-        )
-        content = getattr(self, "content_proj", None)
-        per_item = content.weight.numel() * (self.max_len + 1) if content is not None else 0
+        dense, content = getattr(self, "dense_proj", None), getattr(self, "content_proj", None)
+        once = matrix_params(self.emb_proj) + (matrix_params(dense) if dense is not None else 0)
+        per_item = matrix_params(content) * (self.max_len + 1) if content is not None else 0
         return 6.0 * (once + per_item)
 
     def param_kinds(self, prefix: str = "tokens.") -> dict[str, str]:
@@ -141,6 +137,8 @@ class FeatureTokenizer(nn.Module):
                     kinds[name] = "embedding"
         return kinds
 
+    # -- item side tables ------------------------------------------------------------------------
+    @torch.no_grad()
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
         """Copy the item side table into the buffers (row 0 = OOV); shapes must match FeatureDims."""
         d = self.dims
