@@ -17,6 +17,9 @@ Side by side in one run, over ``--repeats`` rounds of raw, w1, raw, w2, ..., raw
   first batch on; ``raw``'s is the scan's CPU per row. Their ratio is the per-worker figure a
   machine with a core per worker would show, without the clock drift.
 - ``raw xN par.``: N raw scans in N processes at once: what these cores read together.
+- ``against N raw scans at once``: each wN run against N raw scans started together just before
+  and after it (their mean): the per-worker figure against what N readers of these cores achieve
+  (shared caches and memory bus), not N times one scan alone, which two cores never reach.
 - ``wN on C cores`` (when N >= C): the most rows/s C fully busy cores can deliver at the measured CPU
   per row of the workers and the training process together, and what that is per worker.
 - ``--unpadded N``: also N workers with a training process that frees each slot without padding its
@@ -62,6 +65,10 @@ same code read 0.64 (1.21M rows/s). Even with a training process that does nothi
 deliver 0.68 each: on two cores the 0.7 target is out of reach of anything the training process
 does, and needs the workers' own CPU per row down, or a core per worker (``bench/loader_device.sh``,
 not run yet: no device lent). Peak memory 1761 / 1765 / 1774 MB for 1 / 2 / 5M rows.
+
+A later run the same day (7 rounds, ``--memory-files`` none; a slower stretch of the machine: raw
+910k, worker 1.52 us/row): w1 0.73, w2 0.62 per worker; 2 raw scans at once read 1.83 of one scan,
+and w2 against them is 0.66 per worker (0.65-0.70 over rounds): short of 0.7 by either measure.
 
 Steps. The batch plan in one compiled pass (``kernels.cut_plan``) and per-size transit layouts: cut
 0.180 -> 0.146 us/row at 1024-row batches, 0.31 -> 0.20 at 256; w1 0.73 -> 0.75-0.76, w2 0.61 ->
@@ -206,17 +213,20 @@ def unpadded_scan(data: Path, workers: int, limit: int, batch_size: int) -> dict
     return loader_scan(data, workers, limit, batch_size)
 
 
-def _raw_child(data: Path, limit: int, out) -> None:
+def _raw_child(data: Path, limit: int, start, out) -> None:
+    start.wait()
     n, s, _ = raw_scan(data, limit)
     out.put(n / s)
 
 
 def raw_parallel(data: Path, limit: int, k: int) -> float:
-    """Total rows/s of ``k`` raw scans running at once, each in its own process: what this
-    machine's cores read together (the memory bus and caches are shared)."""
+    """Total rows/s of ``k`` raw scans started at once, each in its own process: what this
+    machine's cores read together (the memory bus and caches are shared). The sum of each scan's
+    own rate: a scan that finishes first leaves the other a moment alone and faster, so this errs
+    towards a higher ceiling, never a lower one."""
     ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_raw_child, args=(data, limit, out)) for _ in range(k)]
+    out, start = ctx.Queue(), ctx.Barrier(k)
+    procs = [ctx.Process(target=_raw_child, args=(data, limit, start, out)) for _ in range(k)]
     for p in procs:
         p.start()
     rates = [out.get() for _ in procs]
@@ -373,10 +383,15 @@ def throughput(a: argparse.Namespace) -> dict:
             n, s, c = raw_scan(a.data, a.limit)
             raws.append(n / s)
             raw_cpu.append(c / n * 1e6)
+            par = [raw_parallel(a.data, a.limit, w)] if w > 1 else []
             if unpadded:
                 run = _in_child(unpadded_scan, a.data, w, a.limit, a.batch_size)
             else:
                 run = loader_scan(a.data, w, a.limit, a.batch_size)
+            if par:
+                # N scans at once just before and after: these cores' ceiling for N readers.
+                run["par_raw"] = (par[0] + raw_parallel(a.data, a.limit, w)) / 2
+                run["vs_par_raw"] = run["rows_s"] / run["par_raw"]
             run["raw_before"], run["workers"] = raws[-1], w
             loaders[name].append(run)
             print(
@@ -390,9 +405,11 @@ def throughput(a: argparse.Namespace) -> dict:
     for k, run in enumerate(in_order):
         run["raw_after"] = raws[k + 1]
         run["ratio"] = run["rows_s"] / ((run["raw_before"] + run["raw_after"]) / 2)
-    parallel = {w: raw_parallel(a.data, a.limit, w) for w in a.workers if w > 1}
-
     med = statistics.median
+    parallel = {
+        w: med(x["par_raw"] for x in loaders[f"w{w}"]) for w in a.workers if w > 1 and f"w{w}" in loaders
+    }
+
     raw_us = med(raw_cpu)
     print("\nthroughput (loaders timed from their first batch; ratios against the raw scans around each run)")
     print(
@@ -414,6 +431,9 @@ def throughput(a: argparse.Namespace) -> dict:
             "first_batch_s": med(x["first_s"] for x in runs),
             "runs": runs,
         }
+        if w > 1:
+            par = [x["vs_par_raw"] for x in runs]
+            row["vs_parallel_raw"] = {"median": med(par), "min_max": [min(par), max(par)]}
         summary[f"loader {name}"] = row
         print(
             f"{'loader ' + name:20s} {row['rows_s']:10,.0f} {row['ratio']:7.2f} {row['per_worker']:10.2f} "
@@ -424,8 +444,16 @@ def throughput(a: argparse.Namespace) -> dict:
         summary[f"raw x{w} in parallel"] = v
         name = f"raw x{w} par."
         print(f"{name:20s} {v:10,.0f} {v / med(raws):7.2f}   ({w} raw scans at once: these cores' ceiling)")
-    if "w1" in loaders:
-        w_us = summary["loader w1"]["worker_us_per_row"]
+    for name, runs in loaders.items():
+        vs = summary[f"loader {name}"].get("vs_parallel_raw")
+        if vs:
+            w = runs[0]["workers"]
+            print(
+                f"loader {name} against {w} raw scans at once (just before and after each run): "
+                f"{vs['median']:.2f} per worker ({vs['min_max'][0]:.2f}-{vs['min_max'][1]:.2f} over rounds)"
+            )
+    w_us = summary["loader w1"]["worker_us_per_row"] if "w1" in loaders else 0.0
+    if w_us > 0:  # /proc counts CPU in clock ticks: a tiny run may show none
         print(
             f"\nCPU per delivered row: one worker {w_us:.3f} us, the raw scan {raw_us:.3f} us: "
             f"{raw_us / w_us:.2f} of a worker's time is the read itself"
@@ -438,6 +466,8 @@ def throughput(a: argparse.Namespace) -> dict:
         # Workers and the training process share every core: what the measured CPU per row allows.
         row = summary[f"loader {name}"]
         cpu_us = row["worker_us_per_row"] + row["main_us_per_row"]  # worker_us: all workers, per row
+        if cpu_us <= 0:
+            continue
         bound = cores / cpu_us * 1e6
         row["cpu_bound_rows_s"] = bound
         print(

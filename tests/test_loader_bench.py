@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -44,3 +45,21 @@ def test_raw_variants_are_ratios_to_read_row_group(bench, data: Path) -> None:
     assert out["read_row_group"]["ratio"] == 1.0
     for v in out.values():
         assert v["q1"] <= v["ratio"] <= v["q3"] and v["cpu_us_row"] > 0
+
+
+def test_throughput_compares_n_workers_with_n_scans_at_once(bench, data: Path) -> None:
+    a = argparse.Namespace(data=data, limit=600, batch_size=64, repeats=1, workers=[1, 2], unpadded=[])
+    out = bench.throughput(a)
+    w1, w2 = out["loader w1"], out["loader w2"]
+    assert "vs_parallel_raw" not in w1 and "par_raw" not in w1["runs"][0]
+    run = w2["runs"][0]
+    assert run["rows_s"] > 0 and run["par_raw"] > 0
+    assert run["vs_par_raw"] == pytest.approx(run["rows_s"] / run["par_raw"])
+    assert w2["vs_parallel_raw"]["median"] == run["vs_par_raw"]
+    assert out["raw x2 in parallel"] == run["par_raw"]
+
+
+def test_parallel_scans_add_up_each_scans_rate(bench, data: Path, monkeypatch) -> None:
+    # Forked scans inherit the patch: each reports 100 rows in 0.5 s once all three have started.
+    monkeypatch.setattr(bench, "raw_scan", lambda data, limit: (100, 0.5, 0.4))
+    assert bench.raw_parallel(data, 10**9, 3) == 600.0
