@@ -383,7 +383,7 @@ def throughput(a: argparse.Namespace) -> dict:
             n, s, c = raw_scan(a.data, a.limit)
             raws.append(n / s)
             raw_cpu.append(c / n * 1e6)
-            par = [raw_parallel(a.data, a.limit, w)] if w > 1 else []
+            par = [raw_parallel(a.data, a.limit, w)] if w > 1 and not unpadded else []
             if unpadded:
                 run = _in_child(unpadded_scan, a.data, w, a.limit, a.batch_size)
             else:
@@ -431,8 +431,8 @@ def throughput(a: argparse.Namespace) -> dict:
             "first_batch_s": med(x["first_s"] for x in runs),
             "runs": runs,
         }
-        if w > 1:
-            par = [x["vs_par_raw"] for x in runs]
+        par = [x["vs_par_raw"] for x in runs if "vs_par_raw" in x]
+        if par:
             row["vs_parallel_raw"] = {"median": med(par), "min_max": [min(par), max(par)]}
         summary[f"loader {name}"] = row
         print(
