@@ -201,7 +201,10 @@ def _fmt(x: float) -> str:
 
 
 def _median(s: Series) -> float:
-    return float(np.nanmedian(s.values))
+    """The median of the logged values, NaN when every one is NaN (said by the caller, not
+    numpy's All-NaN warning)."""
+    v = s.values[~np.isnan(s.values)]
+    return float(np.median(v)) if len(v) else float("nan")
 
 
 def _span(s: Series) -> str:

@@ -180,7 +180,8 @@ def cast_finite(x: np.ndarray, dtype: type, where: Where, col: str, what: str = 
     """``x`` (finite, checked) in ``dtype``, rejecting values beyond its range, which the cast
     would turn into Inf (float32 past 3.4e38, float16 past 65504); ``what`` says what ``x`` is
     when it is not the column's own values (e.g. " after normalisation")."""
-    out = x.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):  # the overflow is reported below, with its column and row
+        out = x.astype(dtype, copy=False)
     ok = np.isfinite(out)
     if not ok.all():
         bad_rows = np.flatnonzero(~ok.reshape(len(x), -1).all(axis=1))
