@@ -10,6 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -19,6 +22,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from recformer import metric_names as mn
 from recformer.callbacks.gate import cadence, should_log
 from recformer.callbacks.health import OptimizerHealth
+from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.probe import ProbeStats, row_norm_percentiles
 from recformer.callbacks.sink import HEALTH_FILE, MetricSink
 from recformer.callbacks.stability import LossSpikes
@@ -402,3 +406,21 @@ def test_trainer_config_turns_the_health_callbacks_on():
             built.append(getattr(importlib.import_module(module), cls)(**entry.get("init_args", {})))
     kinds = {type(cb) for cb in built}
     assert {OptimizerHealth, ProbeStats, LossSpikes, Throughput, MetricSink} <= kinds
+
+
+def test_prediction_writer_writes_uint64_keys_back_as_uint64(tmp_path):
+    dm = SimpleNamespace(
+        spec=SimpleNamespace(keys=["hashed", "row_id"]),
+        unsigned_keys={"test": frozenset({"hashed"})},
+        predict_split="test",
+    )
+    trainer = SimpleNamespace(datamodule=dm, world_size=1, global_rank=0, log_dir=str(tmp_path))
+    hashed = np.array([2**64 - 1, 2**63, 5], dtype=np.uint64)
+    keys = torch.from_numpy(np.stack([hashed.view(np.int64), np.array([-1, 0, 7])], axis=1))
+    pred = {"keys": keys, "score": torch.rand(3), "logit": torch.zeros(3), "label": torch.ones(3)}
+    w = ParquetPredictionWriter(str(tmp_path / "p.parquet"))
+    w.write_on_batch_end(trainer, None, pred, None, None, 0, 0)
+    w.on_predict_end(trainer, None)
+    t = pq.read_table(tmp_path / "p.parquet")
+    assert t.schema.field("hashed").type == pa.uint64() and t.schema.field("row_id").type == pa.int64()
+    assert t["hashed"].to_pylist() == [2**64 - 1, 2**63, 5] and t["row_id"].to_pylist() == [-1, 0, 7]

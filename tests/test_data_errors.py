@@ -339,3 +339,28 @@ def test_required_schema_refuses_a_table_with_nulls(tmp_path):
     t = pa.table({"hist": pa.array([[1], [2, None]], pa.list_(pa.int32()))})
     with pytest.raises(pa.ArrowInvalid, match="non-nullable but contains nulls"):
         pq.write_table(t.cast(required(t.schema)), tmp_path / "x.parquet")
+
+
+def with_uint64_row_ids(data: Path, files) -> None:
+    for p in files:
+        t = pq.read_table(p)
+        ids = np.asarray(t["row_id"], dtype=np.uint64) + np.uint64(2**63)
+        replace_file(p, set_col(t, "row_id", pa.array(ids, pa.uint64())))
+
+
+def test_uint64_keys_keep_their_bits_past_2_63(data):
+    """64-bit hashed ids stored as uint64: the keys cross as the same bits, not wrapped values."""
+    with_uint64_row_ids(data, sorted(data.rglob("*/part-*.parquet")))
+    dm = RecDataModule(str(data), batch_size=16, num_workers=0)
+    dm.setup("test")
+    assert dm.unsigned_keys["test"] == {"row_id"}
+    got = np.concatenate([b.keys[:, 0].numpy() for b in dm.test_dataloader()]).view(np.uint64)
+    want = np.asarray(pq.read_table(data / "test")["row_id"], dtype=np.uint64)
+    assert got.tolist() == want.tolist() and int(want.min()) >= 2**63
+
+
+def test_uint64_key_in_one_file_only_is_refused_naming_both(data):
+    p, _ = target(data)
+    with_uint64_row_ids(data, [p])
+    msg = setup_error(data, "key column 'row_id' is uint64 in")
+    assert str(p) in msg and "part-00000.parquet" in msg and "train files" in msg

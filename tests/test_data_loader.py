@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import shutil
 from collections import Counter
@@ -11,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from recformer.data import dataset
 from recformer.data.datamodule import RecDataLoader, RecDataModule
 from recformer.data.dataset import ParquetStream, StreamPlan
+from recformer.data.schema import DataError
 from recformer.data.shards import pieces_for, round_robin_resume
 
 TRAIN_ROWS = 300 + 170 + 45
@@ -242,3 +245,39 @@ def test_batch_to_widens_the_compact_id_fields(tiny_data):
         assert getattr(moved, name).dtype == torch.long, name
         assert torch.equal(getattr(moved, name), getattr(raw, name).long()), name
     assert moved.label.dtype == torch.float32 and moved.hist_mask.dtype == torch.bool
+
+
+def test_open_files_stay_under_the_cap_with_the_same_batches(tiny_data, monkeypatch):
+    """Row groups come shuffled across the three train files; with a cap of two open files the
+    reader closes the least recently read one and reopens it later, and the batches are unchanged."""
+    dm = RecDataModule(str(tiny_data), validate="footer")
+    free = [b.keys[:, 0].tolist() for b in RecDataLoader(make_stream(dm, "train", True, 0, 1, 32))]
+    monkeypatch.setattr(dataset, "open_file_cap", lambda: 2)
+    s = make_stream(dm, "train", True, 0, 1, 32)
+    opened, most = Counter(), 0
+    real_open = dataset.pq.ParquetFile
+
+    def counting_open(path, *args, **kwargs):
+        opened[path] += 1
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(dataset.pq, "ParquetFile", counting_open)
+    capped = []
+    for data, idx in s.worker_batches(0, 1):
+        most = max(most, len(s._files))
+        capped.append(data.gather(idx).keys[:, 0].tolist())
+    assert capped == free
+    assert most == 2 and sum(opened.values()) > len(opened) == 3  # some file was closed and reopened
+
+
+def test_running_out_of_file_descriptors_is_not_called_corruption(tiny_data, monkeypatch):
+    dm = RecDataModule(str(tiny_data), validate="footer")
+    s = make_stream(dm, "train", True, 0, 1, 32)
+
+    def no_fds(path, *args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(dataset.pq, "ParquetFile", no_fds)
+    where = r"part-\d+\.parquet \(row group \d+\)"
+    with pytest.raises(DataError, match=where + r".*run out of file descriptors.*ulimit"):
+        next(s.worker_batches(0, 1))

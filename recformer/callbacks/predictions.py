@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -55,8 +56,11 @@ class ParquetPredictionWriter(BasePredictionWriter):
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ):
         keys = prediction["keys"].cpu().numpy()
-        names = trainer.datamodule.spec.keys if trainer.datamodule is not None else []
-        cols = {name: keys[:, j] for j, name in enumerate(names)}
+        dm = trainer.datamodule
+        names = dm.spec.keys if dm is not None else []
+        unsigned = getattr(dm, "unsigned_keys", {}).get(getattr(dm, "predict_split", None), frozenset())
+        # uint64 keys crossed as their bits in int64: the same values back, not wrapped ones.
+        cols = {n: keys[:, j].view(np.uint64) if n in unsigned else keys[:, j] for j, n in enumerate(names)}
         cols.update({k: prediction[k].float().cpu().numpy() for k in ("score", "logit", "label")})
         table = pa.table(cols)
         if self._writer is None:

@@ -33,7 +33,7 @@ from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.ring import WorkerPool
-from recformer.data.schema import DataError, Where, check_schema
+from recformer.data.schema import DataError, Where, check_schema, unsigned_keys
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,8 @@ class RecDataModule(pl.LightningDataModule):
         self.predict_split = predict_split
         self.splits: dict[str, SplitIndex] = {}
         self.oov_report: dict[str, dict[str, int]] = {}
+        self.unsigned_keys: dict[str, frozenset[str]] = {}
+        """Per split, its uint64 key columns (``schema.unsigned_keys``)."""
         self._validated: set[str] = set()
         self._train_loader: RecDataLoader | None = None
         self._resume: dict[str, int] | None = None
@@ -308,8 +310,20 @@ class RecDataModule(pl.LightningDataModule):
 
     def index_split(self, split: str) -> SplitIndex:
         files = list_split_files(self.data_dir, split)
+        first: tuple[Path, frozenset[str]] | None = None
         for f in files:
-            check_schema(self.spec, read_footer(str(f)).schema.to_arrow_schema(), Where(str(f)))
+            schema = read_footer(str(f)).schema.to_arrow_schema()
+            check_schema(self.spec, schema, Where(str(f)))
+            unsigned = unsigned_keys(self.spec, schema)
+            first = first or (f, unsigned)
+            if unsigned != first[1]:  # a key's bits are written back one way per split
+                col = sorted(unsigned ^ first[1])[0]
+                uint, other = (f, first[0]) if col in unsigned else (first[0], f)
+                raise DataError(
+                    f"key column {col!r} is uint64 in {uint} but signed in {other}; a key column "
+                    f"needs one signedness across the {split} files"
+                )
+        self.unsigned_keys[split] = first[1] if first else frozenset()
         return SplitIndex.from_paths(split, files)
 
     def check_values(self, index: SplitIndex) -> dict[str, int]:

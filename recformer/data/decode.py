@@ -33,6 +33,7 @@ from recformer.data.schema import (
     check_finite,
     check_label,
     check_nonneg_ids,
+    key_values,
     list_offsets,
     numeric,
 )
@@ -457,7 +458,7 @@ class Decoder:
 
         keys = np.zeros((n, len(spec.keys)), np.int64)
         for j, k in enumerate(spec.keys):
-            keys[:, j] = numeric(col(k), where, k, np.int64)
+            keys[:, j] = key_values(col(k), where, k)
 
         decoded = Decoded(
             rows=np.empty((n, self.layout.record_bytes), np.uint8),

@@ -165,6 +165,24 @@ def numeric(arr: pa.Array, where: Where, col: str, dtype: type = np.float64) -> 
     return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
+def _is_uint64(t: pa.DataType) -> bool:
+    return pat.is_uint64(t) or (pat.is_dictionary(t) and pat.is_uint64(t.value_type))
+
+
+def unsigned_keys(spec: FeatureSpec, schema: pa.Schema) -> frozenset[str]:
+    """Key columns of ``schema`` typed uint64: they travel as the same 64 bits in ``Batch.keys``
+    (int64) and are written back as uint64 into the predictions (64-bit hashed ids)."""
+    return frozenset(k for k in spec.keys if k in schema.names and _is_uint64(schema.field(k).type))
+
+
+def key_values(arr: pa.Array, where: Where, col: str) -> np.ndarray:
+    """A key column as int64, every value kept: uint64 keys as their bits (``unsigned_keys``), not
+    cast, which would wrap those past 2**63 to negative ones."""
+    if _is_uint64(arr.type):
+        return numeric(arr, where, col, np.uint64).view(np.int64)
+    return numeric(arr, where, col, np.int64)
+
+
 def check_finite(x: np.ndarray, where: Where, col: str) -> None:
     """Reject NaN/Inf, naming the first offending row of the record batch."""
     ok = np.isfinite(x)
