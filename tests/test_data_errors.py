@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from recformer.__main__ import main
 from recformer.config import FeatureSpec
 from recformer.data.datamodule import RecDataModule
 from recformer.data.schema import DataError, required
@@ -364,3 +366,26 @@ def test_uint64_key_in_one_file_only_is_refused_naming_both(data):
     with_uint64_row_ids(data, [p])
     msg = setup_error(data, "key column 'row_id' is uint64 in")
     assert str(p) in msg and "part-00000.parquet" in msg and "train files" in msg
+
+
+def summary_error(data: Path, capsys) -> str:
+    assert main(["data", "summary", str(data)]) == 2
+    return capsys.readouterr().err
+
+
+def test_summary_names_a_truncated_file(data, capsys):
+    p, _ = target(data)
+    p.write_bytes(p.read_bytes()[:3000])
+    err = summary_error(data, capsys)
+    assert str(p) in err and "truncated or corrupt" in err
+
+
+@pytest.mark.parametrize(("value", "match"), [(None, "null"), (7, r"outside \[0, 1\]")])
+def test_summary_refuses_bad_labels_naming_the_row_group(data, capsys, value, match):
+    p, t = target(data)
+    labels = t["label"].to_pylist()
+    labels[40] = value  # the second row group of 32
+    replace_file(p, set_col(t, "label", pa.array(labels, t.schema.field("label").type)))
+    err = summary_error(data, capsys)
+    assert f"{p} (row group 1)" in err and "'label'" in err
+    assert re.search(match, err)

@@ -2,7 +2,9 @@
 
 Reads ``DIR/spec.yaml`` and, for every split folder (``DIR/<split>/*.parquet``), each file's footer
 (files, row groups, rows, and per list column the element count) plus the label column alone (for
-the positive rate). Nothing else is decoded, so it is fast on large logs.
+the positive rate, its values checked as the loader checks them). Nothing else is decoded, so it is
+fast on large logs. An unreadable file or a bad label is an error that names the file (and row
+group).
 
 Mean list length comes from the footer: a list column's leaf chunk stores one level per element and
 one per empty or null list, and its null count covers the latter, so elements = values - nulls
@@ -16,12 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.config import FeatureSpec
-from recformer.data.shards import find_split_files
+from recformer.data.schema import DataError, Where, check_label, numeric
+from recformer.data.shards import find_split_files, read_footer
 
 
 @dataclass
@@ -63,18 +65,31 @@ def _list_elements(meta: pq.FileMetaData, column: str) -> int:
     return total
 
 
+def _positives(f: pq.ParquetFile, g: int, label: str, where: Where) -> float:
+    """The label sum of row group ``g``, its labels checked as the loader checks them (no nulls,
+    finite, in [0, 1]): a bad label stops the summary rather than skew its positive rate."""
+    try:
+        arr = f.read_row_group(g, columns=[label], use_threads=False).column(0).combine_chunks()
+    except (OSError, ValueError) as e:
+        raise DataError(f"{where}: could not read {label!r} ({e}); truncated or corrupt file?") from None
+    y = numeric(arr, where, label)
+    check_label(y, where, label)
+    return float(y.sum())
+
+
 def summarize_split(split_dir: Path, spec: FeatureSpec) -> SplitSummary:
     s = SplitSummary(split_dir.name)
     for path in find_split_files(split_dir.parent, split_dir.name):  # the files the loader reads
-        f = pq.ParquetFile(path)
-        meta, schema = f.metadata, f.schema_arrow
+        meta = read_footer(str(path))
+        f = pq.ParquetFile(path, metadata=meta)
+        schema = f.schema_arrow
         s.files += 1
         s.row_groups += meta.num_row_groups
         s.rows += meta.num_rows
         s.missing += [f"{path.name}: {c}" for c in spec.columns() if c not in schema.names]
         if spec.label in schema.names:
-            label = f.read(columns=[spec.label]).column(0).to_numpy()
-            s.positives += float(np.asarray(label, dtype=np.float64).sum())
+            for g in range(meta.num_row_groups):
+                s.positives += _positives(f, g, spec.label, Where(str(path), g))
         for name in schema.names:
             if pa.types.is_list(schema.field(name).type) or pa.types.is_large_list(schema.field(name).type):
                 try:
