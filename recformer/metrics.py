@@ -30,6 +30,7 @@ import math
 import shutil
 import tempfile
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -100,7 +101,22 @@ def _flat_inputs(
     return x_B, y_B, w_B
 
 
-class BinnedAUC(Metric):
+class _KeepsDtypes(Metric):
+    """A metric whose states keep the dtypes they were made with when the module holding it is
+    converted with ``.to(dtype=...)``: Lightning's ``*-true`` precisions convert the whole
+    LightningModule that way, and torchmetrics guards only ``.half()`` / ``.float()`` and the like.
+    float64 sums in bfloat16 stop counting past 256, and GroupAUC's int64 groups (stored as float32
+    pairs) would be scrambled. Moves between devices still apply."""
+
+    def _apply(self, fn: Callable, exclude_state: Sequence[str] = ()) -> Metric:
+        def same_dtype(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out if out.dtype == t.dtype else t.to(out.device)
+
+        return super()._apply(same_dtype, exclude_state)
+
+
+class BinnedAUC(_KeepsDtypes):
     """Constant-memory AUC from weighted histograms of positives and negatives over logit bins.
 
     ``update(preds_logits_B, target_B, weight_B=None)`` takes **logits**. Bins are equally spaced on
@@ -146,7 +162,7 @@ class BinnedAUC(Metric):
         return torch.where(self.n_nan > 0, torch.full_like(auc, math.nan), auc).float()
 
 
-class _WeightedSums(Metric):
+class _WeightedSums(_KeepsDtypes):
     """The four weighted sums LogLoss, NormalizedEntropy and Calibration are computed from. Sharing
     the states (and ``update``) lets ``MetricCollection``'s compute groups run one update per
     step for all three instead of three BCE passes."""
@@ -207,7 +223,7 @@ class Calibration(_WeightedSums):
         return torch.where(self.label_sum > 0, ratio, torch.full_like(ratio, math.nan)).float()
 
 
-class GroupAUC(Metric):
+class GroupAUC(_KeepsDtypes):
     """GAUC for validation: per-group AUC averaged over the groups that hold both labels, each group
     weighted by its total sample weight (its impression count when unweighted).
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torchmetrics import Metric
 
 from recformer.__main__ import main as recformer_main
 from recformer.callbacks.predictions import ParquetPredictionWriter
@@ -442,3 +443,18 @@ def test_compiled_module_trains_and_keeps_state_dict_keys(tiny_data, tmp_path):
     assert m.net._compiled_call_impl is not None  # nn.Module.compile() in place
     assert set(m.state_dict()) == keys  # no `_orig_mod.` prefixes
     assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_true_half_precision_keeps_the_metric_states_in_their_dtypes(tiny_data, tmp_path):
+    """Lightning's *-true precisions convert the whole module with .to(dtype): the metrics' float64
+    sums must stay float64 (bf16 sums stop counting at 256) and a step must run."""
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    m = _module(dm)
+    m.to(dtype=torch.bfloat16)
+    assert m.net.head.out.weight.dtype == torch.bfloat16
+    sums = lambda m: [getattr(x, n) for x in m.modules() if isinstance(x, Metric) for n in x._defaults]
+    assert sums(m) and all(v == [] or v.dtype == torch.float64 for v in sums(m))
+    fitted = _module(dm)
+    _trainer(tmp_path, max_steps=5, precision="bf16-true").fit(fitted, dm)  # raised in BinnedAUC
+    assert fitted.trainer.global_step == 5 and fitted.net.head.out.weight.dtype == torch.bfloat16
+    assert all(v == [] or v.dtype == torch.float64 for v in sums(fitted))
