@@ -101,6 +101,13 @@ class RankerModule(pl.LightningModule):
                 "model.optim.grad_clip (one norm pass shared with the non-finite guard). "
                 "Remove the trainer setting."
             )
+        if stage == "fit" and self._trainer is not None and str(self.trainer.precision) == "16-true":
+            raise ValueError(
+                "trainer.precision='16-true' trains float16 weights with float16 AdamW states: squared "
+                "gradients under 6e-8 and eps=1e-8 are 0 in float16, so the first update is 0/0 = NaN "
+                "in every weight with a tiny gradient. Use '16-mixed' (float32 weights, loss scaling), "
+                "'bf16-mixed' or 'bf16-true'."
+            )
         dm = self.trainer.datamodule if self._trainer is not None else None
         if stage == "fit" and dm is not None and hasattr(dm, "item_tables"):
             # Item content vectors live in the model as buffers, so checkpoints are self-contained.

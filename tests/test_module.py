@@ -458,3 +458,9 @@ def test_true_half_precision_keeps_the_metric_states_in_their_dtypes(tiny_data, 
     _trainer(tmp_path, max_steps=5, precision="bf16-true").fit(fitted, dm)  # raised in BinnedAUC
     assert fitted.trainer.global_step == 5 and fitted.net.head.out.weight.dtype == torch.bfloat16
     assert all(v == [] or v.dtype == torch.float64 for v in sums(fitted))
+
+
+def test_pure_float16_training_is_refused_before_its_first_nan_step(tiny_data, tmp_path):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    with pytest.raises(ValueError, match="precision='16-true'.*AdamW.*'bf16-true'"):
+        _trainer(tmp_path, max_steps=5, precision="16-true").fit(_module(dm), dm)
