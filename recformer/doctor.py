@@ -241,7 +241,7 @@ def check_starvation(run: RunMetrics) -> list[Finding] | None:
             steps=[int(late.steps[0]), int(late.steps[-1])],
             evidence=evidence,
             advice="Post-Norm shrinks gradients on the way down (Xiong et al. 2020): use norm_placement "
-            "pre/sandwich/reordered or deepnorm, add warmup, lower the LR.",
+            "pre/sandwich/reordered, or deepnorm with init=deepnorm, add warmup, lower the LR.",
         )
     ]
 

@@ -109,7 +109,8 @@ def test_each_norm_placement_equals_its_formula(placement: str, norm: str) -> No
 def test_block_restricted_to_kept_rows_equals_the_full_block_rows(placement: str, qk: str) -> None:
     """The last block's shortcut (queries, out projection and MLP only on the read tokens)."""
     torch.manual_seed(0)
-    cfg = RankerConfig(d_model=16, n_heads=2, n_layers=3, norm_placement=placement, qk_norm=qk)
+    init = "deepnorm" if placement == "deepnorm" else "scaled"
+    cfg = RankerConfig(d_model=16, n_heads=2, n_layers=3, norm_placement=placement, qk_norm=qk, init=init)
     block = make_block(cfg, 1).double()
     x = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
     attend = torch.ones(3, 1, 1, 7, dtype=torch.bool)

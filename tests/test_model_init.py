@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -108,3 +109,18 @@ def test_param_kinds_cover_every_parameter_with_the_right_kind() -> None:
         assert kinds[f"blocks.{i}.attn_norm.bias"] == "vector"
         assert kinds[f"blocks.{i}.attn.qk_norm.q_norm.weight"] == "vector"
     assert {k for k in kinds.values()} == {"hidden", "input", "embedding", "vector", "readout"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"norm_placement": "deepnorm"}, "norm_placement='deepnorm' with init='scaled'"),
+        ({"init": "deepnorm"}, "norm_placement='pre' with init='deepnorm'"),
+        ({"init": "mup"}, "mup=False with init='mup'"),
+        ({"mup": True}, "mup=True with init='scaled'"),
+    ],
+)
+def test_half_a_method_is_refused(kwargs, match):
+    """DeepNet's placement and init, and muP's init and scaling, are one method each."""
+    with pytest.raises(ValueError, match=re.escape(match)):
+        RankerConfig(d_model=16, n_heads=2, **kwargs)
