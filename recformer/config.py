@@ -196,7 +196,8 @@ class FeatureSpec:
         cols = [self.label, self.item.column]
         cols += [c for c in (self.weight, self.group) if c is not None]
         cols += [k for k in self.keys if k not in cols]
-        cols += [f.name for f in self.categorical] + [f.name for f in self.dense]
+        # The GAUC group may also be a categorical feature (user id as both): one column, read once.
+        cols += [f.name for f in self.categorical if f.name != self.group] + [f.name for f in self.dense]
         cols += [f.name for f in self.embedding]
         if self.sequence is not None:
             s = self.sequence

@@ -12,11 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from recformer.config import CategoricalField, FeatureSpec
 from recformer.data import dataset
 from recformer.data.datamodule import RecDataLoader, RecDataModule
 from recformer.data.dataset import ParquetStream, StreamPlan
 from recformer.data.schema import DataError
 from recformer.data.shards import pieces_for, round_robin_resume
+from tests.conftest import N_USERS, write_tiny_data
 
 TRAIN_ROWS = 300 + 170 + 45
 
@@ -281,3 +283,18 @@ def test_running_out_of_file_descriptors_is_not_called_corruption(tiny_data, mon
     where = r"part-\d+\.parquet \(row group \d+\)"
     with pytest.raises(DataError, match=where + r".*run out of file descriptors.*ulimit"):
         next(s.worker_batches(0, 1))
+
+
+def test_the_group_column_can_also_be_a_categorical_feature(tmp_path):
+    """The user id as GAUC group and as a feature: one column, read once, in both roles."""
+    root = write_tiny_data(tmp_path / "d", train_files=(100,), val_rows=20, test_rows=20)
+    spec = FeatureSpec.load(root / "spec.yaml")
+    spec.categorical.append(CategoricalField(name="user_id", vocab_size=N_USERS))
+    spec.save(root / "spec.yaml")
+    assert spec.columns().count("user_id") == 1
+    dm = RecDataModule(str(root), batch_size=16, num_workers=0)
+    dm.setup("test")
+    b = next(iter(dm.test_dataloader()))
+    users = pq.read_table(root / "test", columns=["user_id"])["user_id"].to_numpy()[:16]
+    assert b.group.tolist() == users.tolist()
+    assert b.cat[:, -1].tolist() == (users + 1).tolist()  # table rows: 0 is the OOV row

@@ -102,7 +102,7 @@ def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType],
     if spec.group:
         exp[spec.group] = (lambda t: _is_int(t) or _is_str(t), "integer or string")
     for f in spec.categorical:
-        exp[f.name] = _cat_check(f)
+        exp[f.name] = _cat_check(f)  # as the group too: an id or vocabulary string is a valid group
     for f in spec.dense:
         exp[f.name] = (_is_num, "float")
     for f in spec.embedding:
