@@ -140,6 +140,15 @@ def test_inf_in_embedding(data):
     assert str(p) in msg and "'query_vec'" in msg
 
 
+def test_null_inside_an_embedding_is_called_null(data):
+    p, t = target(data)
+    v = t["query_vec"].to_pylist()
+    v[2][1] = None
+    replace_file(p, set_col(t, "query_vec", pa.array(v, pa.list_(pa.float32(), 4))))
+    msg = setup_error(data, r"'query_vec' holds 1 null element\(s\)")
+    assert str(p) in msg and "row group 0" in msg
+
+
 @pytest.mark.parametrize("column", ["age", "weight"])
 def test_finite_float64_beyond_float32_is_refused(data, column):
     # Finite in the file, Inf once cast to the batch's float32: refused, not passed on as Inf.

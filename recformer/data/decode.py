@@ -495,7 +495,10 @@ class Decoder:
                 f"{where}: column {name!r} row {i} has {lens[i]} values; "
                 f"the spec says dim={dim} for every row"
             )
-        vals = arr.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]].reshape(len(arr), dim)
+        inner = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+        if inner.null_count:
+            raise DataError(f"{where}: column {name!r} holds {inner.null_count} null element(s)")
+        vals = inner.to_numpy(zero_copy_only=False).reshape(len(arr), dim)
         check_finite(vals, where, name)
         return cast_finite(vals, np.float32, where, name)
 
