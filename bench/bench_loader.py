@@ -94,6 +94,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -314,7 +315,7 @@ def stage_split(data: Path, limit: int, batch_size: int) -> dict:
     stream = dm.train_dataloader().stream
     stream.warm_up()
     clock = dict.fromkeys(("read", "decode", "cut", "pad"), 0.0)
-    stream._files = {i: _TimedFile(f, clock) for i, f in enumerate(stream.index.files)}
+    stream._files = OrderedDict((i, _TimedFile(f, clock)) for i, f in enumerate(stream.index.files))
     stream.decoder.decode = _Timed(stream.decoder.decode, clock, "decode")
     cut = _Timed(lambda data, idx: data.gather(idx, packed=True, buffer=buf), clock, "cut")
     pad = _Timed(stream.decoder.layout.to_batch, clock, "pad")
