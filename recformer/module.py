@@ -88,6 +88,11 @@ class RankerModule(pl.LightningModule):
         self.test_metrics = MetricCollection(metrics(), prefix="test/")
         self.val_gauc = GroupAUC()
         self.test_gauc = GroupAUC()
+        # Eval loss over the whole split, summed exactly across ranks: Lightning's own epoch mean
+        # averages the row count across ranks as an integer, which truncates under DDP (a split of
+        # 601 rows on 2 ranks was divided by 600).
+        self.val_loss = LogLoss()
+        self.test_loss = LogLoss()
         # Device-side counters: read on log steps only (no sync in the step path).
         self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
         self._nonfinite_in_a_row = 0
@@ -134,16 +139,12 @@ class RankerModule(pl.LightningModule):
         loss = loss / w_B.sum().clamp_min(1e-12)
         metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
         metrics.update(logits_B.detach(), batch.label, w_B)
-        on_step = stage == "train"
-        self.log(
-            f"{stage}/loss",
-            loss,
-            on_step=on_step,
-            on_epoch=not on_step,
-            prog_bar=True,
-            batch_size=len(batch),
-            sync_dist=not on_step,
-        )
+        if stage == "train":
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(batch))
+        else:
+            eval_loss = self.val_loss if stage == "val" else self.test_loss
+            eval_loss.update(logits_B.detach(), batch.label, w_B)
+            self.log(f"{stage}/loss", eval_loss, on_epoch=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch))
         if stage != "train":
             gauc = self.val_gauc if stage == "val" else self.test_gauc

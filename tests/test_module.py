@@ -27,6 +27,7 @@ from recformer.data.datamodule import RecDataModule
 from recformer.evaluate import compare_aucs, evaluate
 from recformer.metrics import exact_auc
 from recformer.module import RankerModule
+from tests.conftest import write_tiny_data
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = RankerConfig(d_model=16, n_layers=2, n_heads=2)
@@ -378,10 +379,12 @@ def test_wandb_failure_never_stops_training(tiny_data, tmp_path, monkeypatch):
     assert any(r.get("val/auc") for r in read_metrics(Path(cli.trainer.log_dir)))  # CSV has the run
 
 
-def test_two_process_ddp_fit_through_the_cli(tiny_data, tmp_path):
+def test_two_process_ddp_fit_through_the_cli(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    # 121 validation rows: 61 and 60 on the two ranks.
+    data = write_tiny_data(tmp_path / "data", train_files=(300, 170), val_rows=121, test_rows=30)
     args = fit_args(
-        tiny_data,
+        data,
         tmp_path,
         "--trainer.devices=2",
         "--trainer.strategy=ddp",
@@ -398,6 +401,9 @@ def test_two_process_ddp_fit_through_the_cli(tiny_data, tmp_path):
     rows = read_metrics(runs[0])
     assert any(r.get("val/auc") for r in rows)
     assert (runs[0] / "checkpoints" / "last.ckpt").is_file()
+    # The loss is the weighted logloss over all 121 rows (it had been divided by 2 x 60 rows).
+    val = [r for r in rows if r.get("val/loss")]
+    assert val and all(float(r["val/loss"]) == pytest.approx(float(r["val/logloss"]), rel=1e-6) for r in val)
 
 
 @pytest.mark.parametrize("precision, fused", [("16-mixed", False), ("bf16-mixed", None), ("32-true", None)])
