@@ -145,11 +145,12 @@ class RankerModule(pl.LightningModule):
             eval_loss = self.val_loss if stage == "val" else self.test_loss
             eval_loss.update(logits_B.detach(), batch.label, w_B)
             self.log(f"{stage}/loss", eval_loss, on_epoch=True, prog_bar=True, batch_size=len(batch))
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch))
+        bar = stage == "val"  # the validation metrics show on the progress bar as they come
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), prog_bar=bar)
         if stage != "train":
             gauc = self.val_gauc if stage == "val" else self.test_gauc
             gauc.update(logits_B.detach(), batch.label, batch.group, w_B)
-            self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch))
+            self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch), prog_bar=bar)
         return loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:

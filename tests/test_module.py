@@ -101,6 +101,17 @@ def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
     assert run2 != run and (run2 / "config.yaml").is_file() and (run / "config.yaml").is_file()
 
 
+def test_last_ckpt_is_the_end_of_training_even_when_the_last_epoch_is_not_the_best(tiny_data, tmp_path):
+    # A learning rate of 1e-12 leaves val/auc unchanged, so only the first epoch is a new best.
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--model.optim.lr=1e-12"))
+    ckpts = Path(cli.trainer.log_dir) / "checkpoints"
+    best = list(ckpts.glob("epoch*.ckpt"))
+    assert len(best) == 1 and torch.load(best[0], weights_only=False)["epoch"] == 0
+    last = torch.load(ckpts / "last.ckpt", weights_only=False)
+    assert last["global_step"] == cli.trainer.global_step and last["epoch"] == 1
+    assert sorted(p.name for p in ckpts.iterdir()) == sorted([best[0].name, "last.ckpt"])
+
+
 def test_item_content_is_in_the_checkpoint(tiny_data, tmp_path):
     cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
     ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
