@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each data command lives in its own module exposing ``register(subparsers)``; imports stay lazy so
@@ -65,7 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(doctor_main(argv[1:]) or 0)
     from recformer.cli import cli_main
 
-    cli_main(None if argv == sys.argv[1:] else argv)
+    try:
+        cli_main(None if argv == sys.argv[1:] else argv)
+    except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
+        # A bad setting, path or input file: its message names it. A traceback on top hides that
+        # line under fifty others; RECFORMER_TRACEBACK=1 brings it back (for a bug, not a setting).
+        if os.environ.get("RECFORMER_TRACEBACK"):
+            raise
+        print(f"recformer {argv[0]}: error: {e}", file=sys.stderr)
+        print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
+        return 2
     return 0
 
 

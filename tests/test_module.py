@@ -481,3 +481,15 @@ def test_pure_float16_training_is_refused_before_its_first_nan_step(tiny_data, t
     dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
     with pytest.raises(ValueError, match="precision='16-true'.*AdamW.*'bf16-true'"):
         _trainer(tmp_path, max_steps=5, precision="16-true").fit(_module(dm), dm)
+
+
+def test_a_bad_setting_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RECFORMER_TRACEBACK", raising=False)
+    args = fit_args(tmp_path / "nope", tmp_path)
+    assert recformer_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"recformer fit: error: data.data_dir={tmp_path / 'nope'}: no spec.yaml there")
+    assert "recformer data movielens --out DIR" in err[0] and "Traceback" not in "\n".join(err)
+    monkeypatch.setenv("RECFORMER_TRACEBACK", "1")
+    with pytest.raises(FileNotFoundError, match="no spec.yaml"):
+        recformer_main(args)

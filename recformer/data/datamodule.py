@@ -228,6 +228,13 @@ class RecDataModule(pl.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
+        if spec_path is None and not (self.data_dir / "spec.yaml").is_file():
+            raise FileNotFoundError(
+                f"data.data_dir={data_dir}: no spec.yaml there"
+                + ("" if self.data_dir.is_dir() else " (the folder does not exist)")
+                + "; expected a folder made by `recformer data movielens --out DIR` or "
+                "`recformer data synth --out DIR` (spec.yaml beside train/, val/, test/)"
+            )
         self.spec = FeatureSpec.load(spec_path or self.data_dir / "spec.yaml")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
