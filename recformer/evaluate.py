@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -28,9 +29,15 @@ def load_module(ckpt: str | Path, device: str = "cpu"):
     from recformer.module import RankerModule
 
     path = Path(ckpt)
+    if path.is_dir():
+        raise FileNotFoundError(f"checkpoint {path} is a folder; expected a .ckpt file in it")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    module = RankerModule.load_from_checkpoint(path, map_location=device, weights_only=True)
+    try:
+        module = RankerModule.load_from_checkpoint(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        kind = type(e).__name__
+        raise ValueError(f"{path} is not a checkpoint written by recformer fit ({kind})") from None
     return module.eval()
 
 
@@ -169,12 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="recformer evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument("--data", required=True, help="data directory with spec.yaml and the split folder")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="split folder under --data (default: test)")
     p.add_argument("--out", default=None, help="JSON output (default: <ckpt dir>/eval-<split>.json)")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--num-workers", type=int, default=1)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--max-rows-in-memory", type=int, default=20_000_000)
+    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default: 4096)")
+    p.add_argument("--num-workers", type=int, default=1, help="loader worker processes (default: 1)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p.add_argument("--device", default=device, help=f"torch device (default here: {device})")
+    p.add_argument(
+        "--max-rows-in-memory",
+        type=int,
+        default=20_000_000,
+        help="rows whose scores are held for the exact AUC; past it AUC is binned and GAUC spills to "
+        "disk, and --compare stops with an error (default: 20000000)",
+    )
     p.add_argument(
         "--compare", default=None, help="a second checkpoint: paired DeLong test of the AUC difference"
     )

@@ -493,3 +493,14 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RECFORMER_TRACEBACK", "1")
     with pytest.raises(FileNotFoundError, match="no spec.yaml"):
         recformer_main(args)
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "said"),
+    [("folder", "is a folder; expected a .ckpt file in it"), ("README.md", "is not a checkpoint written by")],
+)
+def test_evaluate_says_what_is_wrong_with_the_ckpt(tiny_data, tmp_path, capsys, ckpt, said):
+    path = tmp_path if ckpt == "folder" else ROOT / ckpt
+    assert recformer_main(["evaluate", "--ckpt", str(path), "--data", str(tiny_data)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
