@@ -7,6 +7,7 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,22 @@ from recformer.data.datamodule import RecDataModule
 from recformer.module import RankerModule
 
 DEFAULT_TRAINER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer.yaml"
+
+KNOWN_FALSE_ALARMS = (
+    # ParquetStream plans its rows per (rank, worker) itself: __len__ is exact with any workers.
+    r"Your `IterableDataset` has `__len__` defined",
+    # RankerModule.transfer_batch_to_device is meant to win: it widens Batch's compact ids.
+    r"You have overridden `transfer_batch_to_device` in `LightningModule`",
+    # Lightning's own use of torch's pytree API, about to change upstream; nothing to do here.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+"""Lightning warnings every run printed that say nothing about the run (checked 2026-11-30,
+Lightning 2.6); the rest are left alone."""
+
+
+def quiet_known_false_alarms() -> None:
+    for message in KNOWN_FALSE_ALARMS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 class LoggedSaveConfig(SaveConfigCallback):
@@ -46,6 +63,7 @@ class RecformerCLI(LightningCLI):
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
+    quiet_known_false_alarms()
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []
     return RecformerCLI(
         RankerModule,

@@ -81,6 +81,8 @@ class SafeWandbLogger(WandbLogger):
                 settings=settings,
                 **kwargs,
             )
+            if self._wandb_init.get("anonymous") is None:  # wandb warns on every run that it is unused
+                self._wandb_init.pop("anonymous", None)
         except Exception as e:  # noqa: BLE001 - not installed / bad settings: continue without it
             Logger.__init__(self)
             self._disable(f"could not set up W&B ({type(e).__name__}: {e})")

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from torchmetrics import Metric
 
 from recformer.__main__ import main as recformer_main
 from recformer.callbacks.predictions import ParquetPredictionWriter
-from recformer.cli import cli_main
+from recformer.cli import KNOWN_FALSE_ALARMS, cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
 from recformer.evaluate import compare_aucs, evaluate
@@ -504,3 +505,9 @@ def test_evaluate_says_what_is_wrong_with_the_ckpt(tiny_data, tmp_path, capsys, 
     assert recformer_main(["evaluate", "--ckpt", str(path), "--data", str(tiny_data)]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_prints_none_of_lightnings_known_false_alarms(tiny_data, tmp_path, recwarn):
+    cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1", "--data.num_workers=1"))
+    said = [str(w.message) for w in recwarn]
+    assert not [m for m in said if any(re.search(p, m) for p in KNOWN_FALSE_ALARMS)], said
