@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow lint bench quality clean
+.PHONY: install demo test test-slow lint bench quality complexity clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench: install
 
 quality: install
 	$(BIN)/python bench/quality.py
+
+complexity: install
+	$(BIN)/python bench/complexity.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

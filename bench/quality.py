@@ -29,8 +29,19 @@ def run(cmd: list[str]) -> str:
     return proc.stdout
 
 
-def fit_and_evaluate(arch: str, seed: int, epochs: int, out: Path, extra: list[str]) -> dict:
-    name = f"{arch}-seed{seed}"
+def fit_and_evaluate(
+    arch: str,
+    seed: int,
+    epochs: int,
+    out: Path,
+    extra: list[str],
+    model: str = "configs/model/small.yaml",
+    data: str = "configs/data/movielens.yaml",
+    data_dir: str = "data/movielens",
+    name: str | None = None,
+) -> dict:
+    """``recformer fit`` then ``recformer evaluate`` on the best validation checkpoint (test split)."""
+    name = name or f"{arch}-seed{seed}"
     logs = out / "runs"
     loggers = out / f"{name}-loggers.yaml"
     loggers.write_text(
@@ -46,11 +57,12 @@ def fit_and_evaluate(arch: str, seed: int, epochs: int, out: Path, extra: list[s
             "recformer",
             "fit",
             "--config",
-            "configs/model/small.yaml",
+            model,
             "--config",
-            "configs/data/movielens.yaml",
+            data,
             "--config",
             str(loggers),
+            f"--data.data_dir={data_dir}",
             f"--seed_everything={seed}",
             f"--data.seed={seed}",
             f"--model.arch={arch}",
@@ -74,7 +86,7 @@ def fit_and_evaluate(arch: str, seed: int, epochs: int, out: Path, extra: list[s
             "--ckpt",
             str(best[0]),
             "--data",
-            "data/movielens",
+            data_dir,
             "--out",
             str(result_path),
         ]
@@ -102,6 +114,15 @@ def fit_and_evaluate(arch: str, seed: int, epochs: int, out: Path, extra: list[s
     }
 
 
+def paired_test(ckpt: str, other: str, data_dir: str, path: Path) -> dict:
+    """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
+    run(
+        [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ckpt, "--compare", other]
+        + ["--data", data_dir, "--out", str(path)]
+    )
+    return json.loads(path.read_text())["compare"]
+
+
 def paired_tests(results: list[dict], out: Path, reference: str = "transformer") -> list[dict]:
     """Paired DeLong test of AUC(reference) - AUC(baseline) on the same test rows, per seed."""
     rows = []
@@ -110,23 +131,7 @@ def paired_tests(results: list[dict], out: Path, reference: str = "transformer")
             continue
         ref = next(x for x in results if x["arch"] == reference and x["seed"] == r["seed"])
         path = out / f"paired-{reference}-vs-{r['arch']}-seed{r['seed']}.json"
-        run(
-            [
-                sys.executable,
-                "-m",
-                "recformer",
-                "evaluate",
-                "--ckpt",
-                ref["checkpoint"],
-                "--compare",
-                r["checkpoint"],
-                "--data",
-                "data/movielens",
-                "--out",
-                str(path),
-            ]
-        )
-        c = json.loads(path.read_text())["compare"]
+        c = paired_test(ref["checkpoint"], r["checkpoint"], "data/movielens", path)
         rows.append({"seed": r["seed"], "baseline": r["arch"], **c})
         print(
             f"{reference} - {r['arch']:11s} seed {r['seed']}: AUC diff {c['diff']:+.4f} "
