@@ -35,9 +35,18 @@ def load_module(ckpt: str | Path, device: str = "cpu"):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
         module = RankerModule.load_from_checkpoint(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        kind = type(e).__name__
-        raise ValueError(f"{path} is not a checkpoint written by recformer fit ({kind})") from None
+    except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
+        # Only what says the file itself is not a checkpoint (another kind of file, empty,
+        # truncated); a device or state-dict error keeps its own message and traceback.
+        unreadable = ("PytorchStreamReader", "zip archive", "Invalid argument")
+        if isinstance(e, RuntimeError | OSError) and not any(s in str(e) for s in unreadable):
+            raise
+        text = "" if isinstance(e, pickle.UnpicklingError) else str(e).strip()[:200]
+        said = f": {text}" if text else ""
+        raise ValueError(
+            f"{path} is not a readable checkpoint written by recformer fit ({type(e).__name__}{said}); "
+            "another kind of file, or truncated?"
+        ) from None
     return module.eval()
 
 

@@ -498,7 +498,10 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize(
     ("ckpt", "said"),
-    [("folder", "is a folder; expected a .ckpt file in it"), ("README.md", "is not a checkpoint written by")],
+    [
+        ("folder", "is a folder; expected a .ckpt file in it"),
+        ("README.md", "is not a readable checkpoint written by"),
+    ],
 )
 def test_evaluate_says_what_is_wrong_with_the_ckpt(tiny_data, tmp_path, capsys, ckpt, said):
     path = tmp_path if ckpt == "folder" else ROOT / ckpt
@@ -511,3 +514,15 @@ def test_fit_prints_none_of_lightnings_known_false_alarms(tiny_data, tmp_path, r
     cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1", "--data.num_workers=1"))
     said = [str(w.message) for w in recwarn]
     assert not [m for m in said if any(re.search(p, m) for p in KNOWN_FALSE_ALARMS)], said
+
+
+def test_evaluate_keeps_a_device_error_its_own_message(tiny_data, tmp_path, monkeypatch):
+    """Only a file that is not a checkpoint is called one; a device error is not relabelled."""
+    import recformer.module as module_mod
+
+    def no_device(*args, **kwargs):
+        raise RuntimeError("Attempting to deserialize object on a CUDA device")
+
+    monkeypatch.setattr(module_mod.RankerModule, "load_from_checkpoint", no_device)
+    with pytest.raises(RuntimeError, match="CUDA device"):
+        recformer_main(["evaluate", "--ckpt", str(ROOT / "README.md"), "--data", str(tiny_data)])
