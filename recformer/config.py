@@ -342,6 +342,25 @@ class RankerConfig:
     base_rate: float = 0.5
     """Label base rate; the head bias starts at its log-odds."""
 
+    def half_methods(self) -> list[str]:
+        """The other halves of muP and DeepNet: each pair is one method, and half of it alone is
+        silently not the method its name promises. A new run refuses them
+        (``RankerModule.setup``); a checkpoint that has one still loads, for evaluation or resume,
+        since its weights are already made."""
+        out = []
+        if self.init == "mup" and not self.mup:
+            out.append(
+                "init='mup' with mup=False: muP is its init together with its LR and output "
+                "scaling; set both mup=True and init='mup', or neither"
+            )
+        if self.norm_placement == "deepnorm" and self.init != "deepnorm":
+            out.append(
+                f"norm_placement='deepnorm' with init={self.init!r}: DeepNet is its placement "
+                "(alpha on the residual) together with its init (beta on v, out and the MLP); set "
+                "both norm_placement='deepnorm' and init='deepnorm', or neither"
+            )
+        return out
+
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
@@ -353,18 +372,10 @@ class RankerConfig:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if self.dense_tokens < 1:
             raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
-        # Each pair is one method: half of it alone is silently not the method its name promises.
-        if self.mup != (self.init == "mup"):
-            raise ValueError(
-                f"mup={self.mup} with init={self.init!r}: muP is its init together with its LR and "
-                "output scaling; set both mup=True and init='mup', or neither"
-            )
-        if (self.init == "deepnorm") != (self.norm_placement == "deepnorm"):
-            raise ValueError(
-                f"norm_placement={self.norm_placement!r} with init={self.init!r}: DeepNet is its "
-                "placement (alpha on the residual) together with its init (beta on v, out and the MLP); "
-                "set both norm_placement='deepnorm' and init='deepnorm', or neither"
-            )
+        if self.mup and self.init != "mup":
+            raise ValueError("mup=True needs init='mup' (or set mup=False)")
+        if self.init == "deepnorm" and self.norm_placement != "deepnorm":
+            raise ValueError("init='deepnorm' only makes sense with norm_placement='deepnorm'")
         if self.init_std <= 0:
             raise ValueError(f"init_std={self.init_std} must be > 0")
         if self.mlp_ratio <= 0:

@@ -118,6 +118,13 @@ class RankerModule(pl.LightningModule):
             # Item content vectors live in the model as buffers, so checkpoints are self-contained.
             self.net.set_item_tables(*dm.item_tables())
 
+    def on_fit_start(self) -> None:
+        # Here, not in setup: Lightning knows the checkpoint a fit resumes from only after setup.
+        # A new run refuses half of muP or DeepNet; a resumed one has its weights made already.
+        half = self.model_cfg.half_methods()
+        if half and self.trainer.ckpt_path is None:
+            raise ValueError("; ".join(half))
+
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):
             self.net.compile()  # in place: keeps state-dict keys (no `_orig_mod.`)

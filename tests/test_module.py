@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -526,3 +527,24 @@ def test_evaluate_keeps_a_device_error_its_own_message(tiny_data, tmp_path, monk
     monkeypatch.setattr(module_mod.RankerModule, "load_from_checkpoint", no_device)
     with pytest.raises(RuntimeError, match="CUDA device"):
         recformer_main(["evaluate", "--ckpt", str(ROOT / "README.md"), "--data", str(tiny_data)])
+
+
+def test_half_deepnet_is_refused_for_a_new_fit_but_its_checkpoint_still_loads(
+    tiny_data, tmp_path, monkeypatch
+):
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
+    half = RankerConfig(**{**asdict(TINY), "norm_placement": "deepnorm"})
+    module = lambda: RankerModule(ranker=half, optim=OptimConfig(warmup_steps=3), dims=dm.feature_dims)
+    with pytest.raises(ValueError, match="norm_placement='deepnorm' with init='scaled'"):
+        _trainer(tmp_path, max_steps=5).fit(module(), dm)
+    # A checkpoint written before the check existed.
+    with monkeypatch.context() as m:
+        m.setattr(RankerConfig, "half_methods", lambda self: [])
+        trainer = _trainer(tmp_path, max_steps=5)
+        trainer.fit(module(), dm)
+    old = tmp_path / "old.ckpt"
+    trainer.save_checkpoint(old)
+    assert RankerModule.load_from_checkpoint(old, weights_only=True).model_cfg.norm_placement == "deepnorm"
+    resumed = module()
+    _trainer(tmp_path, max_steps=8).fit(resumed, dm, ckpt_path=old)
+    assert resumed.trainer.global_step == 8
