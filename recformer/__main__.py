@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import linecache
 import os
 import sys
 
@@ -69,14 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli_main(None if argv == sys.argv[1:] else argv)
     except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
-        # A bad setting, path or input file: its message names it. A traceback on top hides that
-        # line under fifty others; RECFORMER_TRACEBACK=1 brings it back (for a bug, not a setting).
-        if os.environ.get("RECFORMER_TRACEBACK"):
+        if os.environ.get("RECFORMER_TRACEBACK", "0") not in ("", "0") or not _deliberate(e):
             raise
+        # A bad setting, path or input file: its message names it. A traceback on top hides that
+        # line under fifty others; RECFORMER_TRACEBACK=1 brings it back.
         print(f"recformer {argv[0]}: error: {e}", file=sys.stderr)
         print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
         return 2
     return 0
+
+
+def _deliberate(e: BaseException) -> bool:
+    """Raised by a ``raise`` statement with a message (a check saying what is wrong), not by
+    Python or a library failing mid-expression (``a, b = x``, ``int("")``: a bug, whose traceback
+    is the useful part)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or not str(e):
+        return False
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
+    return line.startswith("raise ")
 
 
 if __name__ == "__main__":

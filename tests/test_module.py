@@ -548,3 +548,17 @@ def test_half_deepnet_is_refused_for_a_new_fit_but_its_checkpoint_still_loads(
     resumed = module()
     _trainer(tmp_path, max_steps=8).fit(resumed, dm, ckpt_path=old)
     assert resumed.trainer.global_step == 8
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    """Only a deliberate check (a raise with its message) becomes one line; Python failing inside
+    an expression is a bug, and its traceback is what helps."""
+    import recformer.cli
+
+    def buggy(args=None):
+        return int("not a number")
+
+    monkeypatch.setattr(recformer.cli, "cli_main", buggy)
+    monkeypatch.setenv("RECFORMER_TRACEBACK", "0")  # "0" is off, like unset
+    with pytest.raises(ValueError, match="invalid literal"):
+        recformer_main(["fit"])
