@@ -344,9 +344,9 @@ class RankerConfig:
 
     def half_methods(self) -> list[str]:
         """The other halves of muP and DeepNet: each pair is one method, and half of it alone is
-        silently not the method its name promises. A new run refuses them
-        (``RankerModule.setup``); a checkpoint that has one still loads, for evaluation or resume,
-        since its weights are already made."""
+        silently not the method its name promises. A new fit refuses them
+        (``RankerModule.on_fit_start``); a checkpoint that has one still loads, for evaluation or
+        resume, since its weights are already made."""
         out = []
         if self.init == "mup" and not self.mup:
             out.append(
