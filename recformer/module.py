@@ -161,7 +161,9 @@ class RankerModule(pl.LightningModule):
         return loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        # Unknown ids of this epoch, per id field: summed on the device, read once at epoch end.
+        # Unknown ids in the rows trained on this epoch, per id field: summed on the device, read once
+        # at epoch end. Rows a rank repeats to match the others' batch count (DDP) count again; the
+        # exact count per split is the DataModule's set-up check (validate='full').
         self._oov = batch.oov if self._oov is None else self._oov + batch.oov
         return self._shared_step(batch, "train")
 
