@@ -7,6 +7,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import re
 import signal
 import time
 from unittest import mock
@@ -394,11 +395,51 @@ def test_an_error_in_a_forked_worker_reaches_the_training_process(tiny_data, mon
 
     monkeypatch.setattr(ParquetStream, "worker_batches", failing)
     got = []
-    with pytest.raises(DataError, match=r"(?s)worker process 1.*column 'label' has nulls"):
+    with pytest.raises(DataError) as info:
         for b in module(tiny_data, 2).train_dataloader():
             got.append(b)
     assert len(got) == 5  # worker 0's 0, 1, 2 and worker 1's 0, 1: everything before the error
     assert not ring._RINGS
+    # The check's own sentence (the CLI prints it as one line); where it came from in the notes.
+    assert str(info.value) == str(error)
+    assert re.search(r"(?s)worker process 1.*Traceback", "".join(info.value.__notes__))
+
+
+def test_another_error_in_a_forked_worker_keeps_the_workers_traceback(tiny_data, monkeypatch):
+    from recformer.data.dataset import ParquetStream
+
+    def failing(self, wid, nw):
+        raise KeyError("not a data check")
+        yield
+
+    monkeypatch.setattr(ParquetStream, "worker_batches", failing)
+    with pytest.raises(KeyError, match=r"(?s)Caught KeyError in DataLoader worker process \d.*Traceback"):
+        next(iter(module(tiny_data, 1).train_dataloader()))
+
+
+def test_a_data_check_from_a_spawned_worker_reads_as_its_own_sentence(tiny_data, monkeypatch):
+    """The DataLoader's own workers (spawn) re-raise a DataError with the worker's traceback as
+    its text; the loader raises the check's sentence instead (simulated in-process: spawning
+    re-imports torch for seconds)."""
+    from torch._utils import ExceptionWrapper
+
+    from recformer.data.dataset import ParquetStream
+
+    message = "a.parquet (row group 2): column 'label' has 1 null value(s)\nsecond line"
+    try:
+        raise DataError(message)
+    except DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+
+    def failing(self):
+        wrapped.reraise()
+        yield
+
+    monkeypatch.setattr(ParquetStream, "__iter__", failing)
+    with pytest.raises(DataError) as info:
+        next(iter(module(tiny_data, 0).train_dataloader()))
+    assert str(info.value) == message
+    assert "Original Traceback" in str(info.value.__cause__)
 
 
 def test_forked_workers_deliver_evaluation_batches_like_the_pipe(tiny_data, monkeypatch):

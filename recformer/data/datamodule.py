@@ -104,6 +104,11 @@ class RecDataLoader(DataLoader):
             for batch in batches:
                 self._yielded += 1
                 yield layout.to_batch(batch, pin) if isinstance(batch, PackedBatch) else batch
+        except DataError as e:
+            check = _worker_check(e) if pool is None else None
+            if check is None:
+                raise
+            raise DataError(check) from e  # the check's sentence, the worker's traceback below it
         finally:
             if pool is not None:
                 pool.close()  # an abandoned epoch stops its workers now, not when collected
@@ -426,6 +431,17 @@ class RecDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream(self.predict_split, train=False))
+
+
+def _worker_check(e: DataError) -> str | None:
+    """The message of a data check a DataLoader worker (spawn / forkserver) raised, out of the text
+    torch re-raises it with in the training process ("Caught DataError in DataLoader worker process
+    N. Original Traceback ... recformer.data.schema.DataError: <message>"); None for another error.
+    Forked workers send the message itself (``ring``)."""
+    text, tag = str(e), f"{DataError.__module__}.{DataError.__qualname__}: "
+    if not text.startswith("Caught DataError") or tag not in text:
+        return None
+    return text[text.rfind(tag) + len(tag) :].rstrip("\n")
 
 
 def _as_is(item: Any) -> Any:

@@ -41,6 +41,7 @@ from torch.utils.data._utils import worker as worker_state
 from torch.utils.data._utils.worker import _generate_state
 
 from recformer.data.batch import Batch, PackedBatch
+from recformer.data.schema import DataError
 
 if TYPE_CHECKING:
     from recformer.data.dataset import ParquetStream
@@ -175,12 +176,15 @@ def _work(
         ring.publish(worker, slot, _END)
     except SystemExit:
         pass
-    except BaseException:
+    except BaseException as e:
         error = ExceptionWrapper(where=f"in DataLoader worker process {worker}")
+        # A data check's message names the file, column and row group: it travels as it is, so
+        # that the training process raises that sentence, not the wrapper's copy of a traceback.
+        check = str(e) if isinstance(e, DataError) else None
         if slot is None:
             slot, _ = ring.acquire(worker)
         ring.publish(worker, slot, _ERROR)
-        errors.put((worker, error))  # after the header: the training process reads it only then
+        errors.put((worker, error, check))  # after the header: the training process reads it only then
 
 
 class WorkerPool:
@@ -207,7 +211,7 @@ class WorkerPool:
         stream.warm_up()  # kernels loaded here once, inherited by every worker
         self.ring = SlotRing(self.ctx, workers, slots, stream.batch_bytes(), layout)
         self._errors = self.ctx.SimpleQueue()
-        self._reported: dict[int, ExceptionWrapper] = {}
+        self._reported: dict[int, tuple[ExceptionWrapper, str | None]] = {}
         self._closed = False
         self._procs = [
             self.ctx.Process(
@@ -262,13 +266,18 @@ class WorkerPool:
         other failing workers' errors may come first)."""
         while worker not in self._reported:
             if not self._errors.empty():
-                w, error = self._errors.get()
-                self._reported[w] = error
+                w, error, check = self._errors.get()
+                self._reported[w] = (error, check)
             elif not self._procs[worker].is_alive() and self._errors.empty():
                 raise RuntimeError(f"DataLoader worker process {worker} failed and exited before saying why")
             else:
                 time.sleep(0.01)
-        self._reported[worker].reraise()
+        error, check = self._reported[worker]
+        if check is None:
+            error.reraise()
+        bad = DataError(check)
+        bad.add_note(f"{error.where}: {error.exc_msg}")  # the worker traceback (RECFORMER_TRACEBACK=1)
+        raise bad
 
     def close(self) -> None:
         """Stop the workers (each exits at its next slot, at once when it is waiting for one) and
