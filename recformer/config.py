@@ -12,6 +12,7 @@ Every field carries a docstring under it: LightningCLI turns those into ``--help
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -223,7 +224,33 @@ class FeatureSpec:
             max_len=s.max_len if s else 0,
             hist_cat_rows=[f.rows for f in s.categorical] if s else [],
             time_gap_buckets=(s.time_gap_buckets + 1) if s and s.time_gap_column else 0,
+            columns=self.model_inputs(),
+            encoding=self.encoding(),
         )
+
+    def model_inputs(self) -> dict[str, list[str]]:
+        """The columns behind each input of the model, in the model's order (``FeatureDims.columns``)."""
+        s = self.sequence
+        history = [s.item_column, *(f.name for f in s.categorical)] if s else []
+        history += [s.time_gap_column] if s and s.time_gap_column else []
+        return {
+            "item": [self.item.column],
+            "categorical": [f.name for f in self.categorical],
+            "dense": [f.name for f in self.dense],
+            "embedding": [f.name for f in self.embedding],
+            "item_features": [f.name for f in self.item.features],
+            "history": history,
+        }
+
+    def encoding(self) -> dict[str, str]:
+        """How values become model inputs where a size does not say it: each dense column's
+        normalisation and each string vocabulary's order (a digest), by column."""
+        out = {f.name: f"mean={f.mean:.6g} std={f.std:.6g} log1p={f.log1p}" for f in self.dense}
+        events = self.sequence.categorical if self.sequence else []
+        for f in [*self.categorical, *self.item.features, *events]:
+            if f.vocab is not None:
+                out[f.name] = "vocab " + hashlib.sha1("\n".join(f.vocab).encode()).hexdigest()[:12]
+        return out
 
     # -- YAML ----------------------------------------------------------------------------------
     @classmethod
@@ -276,6 +303,39 @@ class FeatureDims:
     """Rows per per-event categorical field (OOV/pad row included)."""
     time_gap_buckets: int = 0
     """Rows of the time-gap bucket table (pad row included); 0 = no time gaps."""
+    columns: dict[str, list[str]] = field(default_factory=dict)
+    """The spec columns behind each input, in order (``FeatureSpec.model_inputs``): a checkpoint
+    refuses data whose columns differ even where the sizes agree. Empty in checkpoints written
+    before it was kept; only sizes are compared then."""
+    encoding: dict[str, str] = field(default_factory=dict)
+    """Dense normalisation and string-vocabulary digests by column (``FeatureSpec.encoding``)."""
+
+    def mismatch(self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint") -> str | None:
+        """What makes data of these dims unfit for a model built with ``ckpt``'s, or None."""
+        if self.columns and ckpt.columns and self.columns != ckpt.columns:
+            diff = [
+                f"{k}: {mine} {self.columns.get(k, [])} vs {theirs} {ckpt.columns.get(k, [])}"
+                for k in sorted(set(self.columns) | set(ckpt.columns))
+                if self.columns.get(k, []) != ckpt.columns.get(k, [])
+            ]
+            return "other columns feed the model (" + "; ".join(diff) + ")"
+        ours, other = asdict(self), asdict(ckpt)
+        sizes = [k for k in ours if k not in ("columns", "encoding") and ours[k] != other[k]]
+        if sizes:
+            said = "; ".join(f"{k}: {mine} {ours[k]} vs {theirs} {other[k]}" for k in sizes)
+            return f"other sizes ({said})"
+        return None
+
+    def encoding_changes(
+        self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint"
+    ) -> list[str]:
+        """Columns whose values reach the model encoded otherwise than in training."""
+        both = set(self.encoding) & set(ckpt.encoding)
+        return [
+            f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
+            for k in sorted(both)
+            if self.encoding[k] != ckpt.encoding[k]
+        ]
 
 
 def _coerce(cls: type, value: Any) -> Any:

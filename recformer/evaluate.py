@@ -63,18 +63,16 @@ def evaluate(
 ) -> dict[str, Any]:
     """Metrics of ``ckpt`` on ``split``; with ``compare``, also the paired DeLong test of
     AUC(ckpt) - AUC(compare) on the same rows (needs the rows in memory)."""
+    from recformer.module import check_features
+
     module = load_module(ckpt, device)
     other = load_module(compare, device) if compare is not None else None
-    if other is not None and other.dims != module.dims:
-        raise DataError(f"{compare} was trained on other features than {ckpt}: {other.dims} vs {module.dims}")
+    if other is not None:
+        check_features(other.dims, module.dims, f"--compare {compare}", str(ckpt), ("compare", "ckpt"))
     dm = RecDataModule(
         str(data), eval_batch_size=batch_size, num_workers=num_workers, validate="footer", predict_split=split
     )
-    if dm.feature_dims != module.dims:
-        raise DataError(
-            f"the feature spec of {data} does not match the checkpoint's: data {dm.feature_dims} vs "
-            f"checkpoint {module.dims}"
-        )
+    check_features(dm.feature_dims, module.dims, f"the feature spec of {data}", f"checkpoint {ckpt}")
     dm.setup("predict")
     start = time.perf_counter()
     paired: list[tuple[np.ndarray, ...]] = []

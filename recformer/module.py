@@ -23,12 +23,37 @@ from torchmetrics import MetricCollection
 
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.data.batch import Batch
+from recformer.data.schema import DataError
 from recformer.metric_names import OOV
 from recformer.metrics import BinnedAUC, Calibration, GroupAUC, LogLoss, NormalizedEntropy
 from recformer.model.baselines import Arch, build_model
 from recformer.optim import build_optimizer, build_scheduler, describe_groups
 
 log = logging.getLogger(__name__)
+
+
+def check_features(
+    data: FeatureDims,
+    ckpt: FeatureDims,
+    data_name: str,
+    ckpt_name: str,
+    labels: tuple[str, str] = ("data", "checkpoint"),
+) -> None:
+    """Refuse data whose features a model built from ``ckpt``'s dims cannot read as it was trained
+    to (other columns, other sizes); warn where a column's values are encoded otherwise (dense
+    normalisation, string vocabulary order), which the sizes do not show."""
+    wrong = data.mismatch(ckpt, *labels)
+    if wrong:
+        raise DataError(f"{data_name} does not match {ckpt_name}: {wrong}")
+    changed = data.encoding_changes(ckpt, *labels)
+    if changed:
+        log.warning(
+            "%s encodes some columns otherwise than %s was trained on (the model sees shifted inputs): %s",
+            data_name,
+            ckpt_name,
+            "; ".join(changed),
+        )
+
 
 Stage = Literal["train", "val", "test"]
 
@@ -117,6 +142,13 @@ class RankerModule(pl.LightningModule):
         if stage == "fit" and dm is not None and hasattr(dm, "item_tables"):
             # Item content vectors live in the model as buffers, so checkpoints are self-contained.
             self.net.set_item_tables(*dm.item_tables())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before the weights load (Lightning calls this first): a checkpoint trained on other
+        # features says so, instead of a state-dict size mismatch or, worse, loading fine.
+        saved = checkpoint.get("hyper_parameters", {}).get("dims")
+        if saved is not None:
+            check_features(self.dims, FeatureDims(**saved), "the data", "the checkpoint")
 
     def on_fit_start(self) -> None:
         # Here, not in setup: Lightning knows the checkpoint a fit resumes from only after setup.

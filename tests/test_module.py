@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import re
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torchmetrics import Metric
 
@@ -26,6 +28,7 @@ from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.cli import KNOWN_FALSE_ALARMS, cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
+from recformer.data.schema import DataError
 from recformer.evaluate import compare_aucs, evaluate
 from recformer.metrics import exact_auc
 from recformer.module import RankerModule
@@ -159,6 +162,64 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
     assert all(0 < s < 1 for s in pred["score"])
     assert not pred_cli.trainer.predict_loop._return_predictions  # streamed, not also held in memory
     assert not list(Path(pred_cli.trainer.log_dir).glob("*.partial"))
+
+
+def _respec(src: Path, dst: Path, edit) -> Path:
+    """A copy of the data at ``src`` whose spec.yaml ``edit`` changed (the Parquet files are links)."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        (dst / f.name).symlink_to(f)
+    (dst / "spec.yaml").unlink()
+    raw = yaml.safe_load((src / "spec.yaml").read_text())
+    edit(raw)
+    (dst / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return dst
+
+
+def test_a_checkpoint_refuses_data_whose_columns_differ_where_sizes_agree(
+    tiny_data, tmp_path, capsys, caplog
+):
+    """Two dense columns swapped in the spec: every size agrees, and the model would read each
+    column in the other's place. evaluate and predict refuse it, naming the columns; a changed
+    normalisation only warns (the sizes and columns are right, the inputs shift)."""
+    cli = cli_main(fit_args(tiny_data, tmp_path / "run", "--trainer.max_epochs=1"))
+    ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+
+    def swap(raw):
+        raw["dense"] = raw["dense"][::-1]
+
+    swapped = _respec(tiny_data, tmp_path / "swapped", swap)
+    with pytest.raises(
+        DataError, match=r"dense: data \['age', 'activity'\] vs checkpoint \['activity', 'age'\]"
+    ):
+        evaluate(ckpt, swapped, split="test", batch_size=32, num_workers=0)
+    predict = [
+        "predict",
+        logger_config(tmp_path / "p"),
+        f"--data.data_dir={swapped}",
+        "--data.num_workers=0",
+        "--model.ranker.d_model=16",
+        "--model.ranker.n_layers=2",
+        "--model.ranker.n_heads=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path / 'p'}",
+        f"--ckpt_path={ckpt}",
+    ]
+    assert recformer_main(predict) == 2
+    said = capsys.readouterr().err
+    assert "the data does not match the checkpoint: other columns feed the model (dense:" in said
+    assert "Traceback" not in said
+
+    def renorm(raw):
+        raw["dense"][1]["std"] = 3.0
+
+    with caplog.at_level(logging.WARNING, logger="recformer.module"):
+        r = evaluate(
+            ckpt, _respec(tiny_data, tmp_path / "renorm", renorm), split="test", batch_size=32, num_workers=0
+        )
+    assert r["rows"] == 90
+    assert "age: data mean=0 std=3 log1p=False vs checkpoint mean=0 std=1 log1p=False" in caplog.text
 
 
 def test_failed_predict_leaves_a_readable_partial_file_and_no_final_one(tiny_data, tmp_path):
