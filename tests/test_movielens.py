@@ -105,6 +105,24 @@ def test_two_runs_are_byte_identical(small, full, tmp_path):
     assert [k for k in first if first[k] != second[k]] == []
 
 
+def test_a_rerun_replaces_its_own_parts_and_refuses_files_it_did_not_write(small, tmp_path):
+    src, out = small
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    ml.prepare(src, again, ITEMS, max_len=5)  # its own part files: replaced, byte-identical
+    assert _files(again) == _files(out)
+    planted = [again / "train" / "date=1" / "old.parquet", again / "val.parquet"]
+    planted[0].parent.mkdir()
+    for f in planted:
+        f.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
+    (again / "val" / "part-00000.parquet").unlink()  # val now falls back to again/val.parquet
+    before = _files(again)
+    with pytest.raises(ValueError, match="remove them or use an empty --out") as e:
+        ml.prepare(src, again, ITEMS, max_len=5)
+    assert all(str(f) in str(e.value) for f in planted)
+    assert _files(again) == before  # nothing written, nothing removed
+
+
 def test_layout_uneven_train_files_and_row_groups(full):
     out, stats = full
     sizes = [pq.ParquetFile(p).metadata.num_rows for p in sorted((out / "train").glob("*.parquet"))]

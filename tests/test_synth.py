@@ -270,3 +270,26 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["data", "synth", "--out", str(tmp_path / "e"), "--rows", "10", "--order", "0"]) == 2
     assert "--order=0" in capsys.readouterr().err
+
+
+def test_stale_part_files_go_and_foreign_parquet_is_refused_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    kw = dict(rows=500, val_rows=50, test_rows=50, users=50, items=40, max_len=5, factors=4, content_dim=8)
+    write_synth(out, seed=1, **kw)
+    # A previous run's own part file is removed (a bigger run wrote more files) ...
+    (out / "train" / "part-00007.parquet").write_bytes((out / "train" / "part-00000.parquet").read_bytes())
+    (out / "train" / "notes.txt").write_text("not read by the loader, kept")
+    s = write_synth(out, seed=2, **kw)
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["notes.txt", "part-00000.parquet"]
+    assert s.files["train"] == [out / "train" / "part-00000.parquet"]
+    # ... but Parquet files synth did not write, which the loader would read, stop it before any write.
+    foreign = [out / "train" / "date=1" / "old.parquet", out / "val" / "extra.parquet", out / "test.parquet"]
+    for f in foreign:
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
+    before = _files(out)
+    with pytest.raises(ValueError, match="remove them or use an empty --out") as e:
+        write_synth(out, seed=3, **kw)
+    assert all(str(f) in str(e.value) for f in foreign)
+    assert "part-00000" not in str(e.value) and "notes.txt" not in str(e.value)
+    assert _files(out) == before  # nothing written, nothing deleted

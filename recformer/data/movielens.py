@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import required
+from recformer.data.shards import replace_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = "data/ml-latest-small"
@@ -474,8 +475,6 @@ def write_splits(tables: dict[str, pa.Table], out: Path) -> dict[str, list[Path]
     for name, table in tables.items():
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        for stale in sorted(d.glob("part-*.parquet")):  # a previous run's files would be read as data
-            stale.unlink()
         fractions = TRAIN_FILE_FRACTIONS if name == "train" else (1.0,)
         if table.num_rows < len(fractions):
             raise ValueError(
@@ -499,6 +498,7 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
     licence = source / "README.txt"
     if not licence.is_file():
         raise FileNotFoundError(f"{licence} does not exist: GroupLens' licence must travel with the data")
+    replace_parts(out, SPLITS)
     items = attach_content(build_items(movies, tags, source, evaluation_start(ratings)), Path(items_path))
     log = build_log(ratings, items, max_len, source)
     tables = _split_tables(log)

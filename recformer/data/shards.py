@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,36 @@ def _scan_split(root: Path, split: str) -> tuple[list[Path], list[Path]]:
 def find_split_files(root: str | Path, split: str) -> list[Path]:
     """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
     return _scan_split(Path(root), split)[0]
+
+
+OWN_PARTS = "part-*.parquet"
+"""The files the data commands write in each split folder, and the only ones they remove (a
+previous run's, which would otherwise be read as data)."""
+
+
+def replace_parts(root: Path, splits: Sequence[str]) -> None:
+    """Before a data command writes ``splits`` under ``root``: stop, naming them, if the loader
+    would also read Parquet files there that the command does not write (``train/date=1/x.parquet``
+    at any depth, or the ``root/<split>.parquet`` a split without folder files falls back to);
+    then remove the split folders' own ``part-*.parquet`` of an earlier run. Nothing the command
+    did not write is ever removed."""
+    foreign = []
+    for name in splits:
+        own = set((root / name).glob(OWN_PARTS))
+        foreign += [f for f in find_split_files(root, name) if f not in own]
+        single = root / f"{name}.parquet"
+        foreign += [single] if single.is_file() and single not in foreign else []
+    if foreign:
+        listed = [str(f) for f in foreign[:10]] + (
+            [f"... and {len(foreign) - 10} more"] if len(foreign) > 10 else []
+        )
+        raise ValueError(
+            f"--out {root}: {len(foreign)} Parquet file(s) there that this command does not write "
+            f"would be read with the new rows as data: {listed}; remove them or use an empty --out"
+        )
+    for name in splits:
+        for stale in sorted((root / name).glob(OWN_PARTS)):
+            stale.unlink()
 
 
 def list_split_files(root: str | Path, split: str) -> list[Path]:

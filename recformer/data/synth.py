@@ -102,6 +102,7 @@ import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import required
+from recformer.data.shards import replace_parts
 
 # ----------------------------------------------------------------------------------------------
 # Constants of the generative model (documented in the module docstring)
@@ -646,7 +647,9 @@ def write_synth(
     progress: bool = False,
 ) -> SynthSummary:
     """Generate and write a synthetic dataset (see the module docstring); memory does not grow with
-    ``rows``. Earlier ``part-*.parquet`` files in DIR/{train,val,test} are removed first."""
+    ``rows``. Earlier ``part-*.parquet`` files in DIR/{train,val,test} are removed first; any other
+    Parquet file the loader would read there stops the run before anything is written
+    (``shards.replace_parts``)."""
     t0 = time.perf_counter()
     p = SynthParams(
         rows=rows,
@@ -667,13 +670,9 @@ def write_synth(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder (it is created if missing)")
+    replace_parts(out, SPLITS)
     world = SynthWorld(p)
     out.mkdir(parents=True, exist_ok=True)
-    for name in SPLITS:
-        for stale in sorted(
-            (out / name).glob("part-*.parquet")
-        ):  # a previous run's files would be read as data
-            stale.unlink()
 
     from tqdm import tqdm
 
