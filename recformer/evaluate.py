@@ -76,8 +76,10 @@ def evaluate(
     dm.setup("predict")
     start = time.perf_counter()
     paired: list[tuple[np.ndarray, ...]] = []
+    oov = np.zeros(len(dm.oov_fields), np.int64)
     with StreamingEvaluator(max_rows_in_memory=max_rows_in_memory) as ev:
         for batch in dm.predict_dataloader():
+            oov += batch.oov.numpy()
             batch = batch.to(device)
             logits = module.net(batch).float()
             if other is not None:
@@ -106,6 +108,7 @@ def evaluate(
             **compare_aucs(*paired_arrays(paired)),
         }
     result.update(
+        unknown_ids=dict(zip(dm.oov_fields, oov.tolist())),  # mapped to the OOV row, counted
         checkpoint=str(ckpt),
         data=str(data),
         split=split,
@@ -147,6 +150,11 @@ def compare_aucs(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray) -> 
     return out
 
 
+def _p(p: float) -> str:
+    # A p-value under the smallest double reads 0.0 from the normal tail: say what that means.
+    return "p < 1e-300" if p < 1e-300 else f"p = {p:.2g}"
+
+
 def format_table(r: dict[str, Any]) -> str:
     def f(x: float) -> str:
         return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
@@ -160,6 +168,11 @@ def format_table(r: dict[str, Any]) -> str:
         f"  logloss      {f(r['logloss'])}",
         f"  NE           {f(r['ne'])}",
         f"  calibration  {f(r['calibration'])}  (mean prediction / mean label)",
+    ]
+    unknown = {k: n for k, n in r.get("unknown_ids", {}).items() if n}
+    said = ", ".join(f"{k} {n}" for k, n in unknown.items()) if unknown else "none"
+    lines += [
+        f"  unknown ids  {said}  (mapped to the OOV row, not dropped)",
         "  calibration table (bin: mean prediction vs observed):",
     ]
     if "compare" in r:
@@ -167,7 +180,7 @@ def format_table(r: dict[str, Any]) -> str:
         if "diff" in c:
             lines.append(
                 f"  AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
-                f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], p = {c['p_value']:.2g} (paired DeLong)"
+                f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], {_p(c['p_value'])} (paired DeLong)"
             )
         else:
             lines.append(f"  AUC of {c['checkpoint']} ({c['arch']}): {f(c['auc_b'])}")
@@ -200,6 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         "--compare", default=None, help="a second checkpoint: paired DeLong test of the AUC difference"
     )
     a = p.parse_args(argv)
+    for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
+        if value < least:
+            p.error(f"{flag}={value}; expected an integer >= {least}")
+    if not Path(a.data).is_dir():
+        print(
+            f"recformer evaluate: --data {a.data} is not a folder (expected spec.yaml and split folders)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         r = evaluate(
             a.ckpt, a.data, a.split, a.batch_size, a.num_workers, a.device, a.max_rows_in_memory, a.compare

@@ -217,8 +217,21 @@ class RankerModule(pl.LightningModule):
         self._shared_step(batch, "test")
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        self._oov = batch.oov if self._oov is None else self._oov + batch.oov
         logits_B = self.net(batch).float()
         return {"keys": batch.keys, "logit": logits_B, "score": torch.sigmoid(logits_B), "label": batch.label}
+
+    def on_predict_end(self) -> None:
+        dm = self.trainer.datamodule
+        if self._oov is None or dm is None or not hasattr(dm, "oov_fields"):
+            return
+        counts = self._oov
+        if self.trainer.world_size > 1:
+            counts = self.trainer.strategy.reduce(counts.float(), reduce_op="sum")
+        unknown = {name: int(n) for name, n in zip(dm.oov_fields, counts.tolist()) if n}
+        if unknown:
+            log.warning("predict: unknown ids mapped to the OOV row (scored, not dropped): %s", unknown)
+        self._oov = None
 
     # -- non-finite guard ----------------------------------------------------------------------
     def configure_gradient_clipping(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -16,6 +18,7 @@ from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -29,7 +32,7 @@ from recformer.cli import KNOWN_FALSE_ALARMS, cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
 from recformer.data.schema import DataError
-from recformer.evaluate import compare_aucs, evaluate
+from recformer.evaluate import compare_aucs, evaluate, format_table
 from recformer.metrics import exact_auc
 from recformer.module import RankerModule
 from tests.conftest import write_tiny_data
@@ -220,6 +223,48 @@ def test_a_checkpoint_refuses_data_whose_columns_differ_where_sizes_agree(
         )
     assert r["rows"] == 90
     assert "age: data mean=0 std=3 log1p=False vs checkpoint mean=0 std=1 log1p=False" in caplog.text
+
+
+def test_evaluate_and_predict_count_unknown_ids(tiny_data, tmp_path, caplog):
+    """Rows whose item id is outside the vocabulary are scored through the OOV row and counted in
+    evaluate's report and predict's warning, not dropped."""
+    cli = cli_main(fit_args(tiny_data, tmp_path / "run", "--trainer.max_epochs=1"))
+    ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    data = tmp_path / "oov"
+    shutil.copytree(tiny_data, data)
+    (part,) = (data / "test").glob("*.parquet")
+    t = pq.read_table(part)
+    items = t.column("item_id").to_numpy().copy()
+    items[:3] = 10_000  # vocab_size is 50
+    pq.write_table(
+        t.set_column(t.schema.get_field_index("item_id"), t.schema.field("item_id"), pa.array(items)), part
+    )
+    r = evaluate(ckpt, data, split="test", batch_size=32, num_workers=0)
+    assert r["rows"] == 90 and r["unknown_ids"] == {
+        "item_id": 3,
+        "hour": 0,
+        "device": 0,
+        "hist_items": 0,
+        "hist_actions": 0,
+    }
+    assert "unknown ids  item_id 3  (mapped to the OOV row, not dropped)" in format_table(r)
+    with caplog.at_level(logging.WARNING, logger="recformer.module"):
+        cli_main(
+            [
+                "predict",
+                logger_config(tmp_path / "p"),
+                f"--data.data_dir={data}",
+                "--data.num_workers=0",
+                "--model.ranker.d_model=16",
+                "--model.ranker.n_layers=2",
+                "--model.ranker.n_heads=2",
+                "--trainer.accelerator=cpu",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.default_root_dir={tmp_path / 'p'}",
+                f"--ckpt_path={ckpt}",
+            ]
+        )
+    assert "predict: unknown ids mapped to the OOV row (scored, not dropped): {'item_id': 3}" in caplog.text
 
 
 def test_failed_predict_leaves_a_readable_partial_file_and_no_final_one(tiny_data, tmp_path):
@@ -556,6 +601,21 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RECFORMER_TRACEBACK", "1")
     with pytest.raises(FileNotFoundError, match="no spec.yaml"):
         recformer_main(args)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--batch-size", "0"], "--batch-size=0; expected an integer >= 1"),
+        (["--num-workers", "-1"], "--num-workers=-1; expected an integer >= 0"),
+        (["--data", "nope"], "--data nope is not a folder (expected spec.yaml and split folders)"),
+    ],
+)
+def test_evaluate_names_a_bad_flag(tiny_data, capsys, args, said):
+    argv = ["evaluate", "--ckpt", "x.ckpt", "--data", str(tiny_data), *args]
+    with pytest.raises(SystemExit) if "nope" not in args else contextlib.nullcontext():
+        assert recformer_main(argv) == 2
+    assert said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
