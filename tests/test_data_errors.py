@@ -398,3 +398,9 @@ def test_summary_refuses_bad_labels_naming_the_row_group(data, capsys, value, ma
     err = summary_error(data, capsys)
     assert f"{p} (row group 1)" in err and "'label'" in err
     assert re.search(match, err)
+
+
+@pytest.mark.parametrize("setting", ["batch_size", "eval_batch_size"])
+def test_a_batch_size_of_zero_is_refused_naming_the_setting(data, setting):
+    with pytest.raises(ValueError, match=rf"data\.{setting}=0; expected a positive number"):
+        RecDataModule(str(data), **{setting: 0})

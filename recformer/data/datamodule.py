@@ -241,8 +241,11 @@ class RecDataModule(pl.LightningDataModule):
                 "`recformer data synth --out DIR` (spec.yaml beside train/, val/, test/)"
             )
         self.spec = FeatureSpec.load(spec_path or self.data_dir / "spec.yaml")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value is not None and value <= 0:
+                raise ValueError(f"data.{name}={value}; expected a positive number of rows per batch")
         self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
