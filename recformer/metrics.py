@@ -3,10 +3,11 @@
 Two families, one set of definitions:
 
 - ``BinnedAUC``, ``LogLoss``, ``NormalizedEntropy``, ``Calibration``, ``GroupAUC``: torchmetrics
-  ``Metric`` subclasses for the LightningModule. Their states are sums (``dist_reduce_fx="sum"``) or,
-  for ``GroupAUC`` only, concatenated predictions (``"cat"``), so the value reduced over DDP ranks
-  equals the single-process value on all the data. ``update`` never syncs the device (no ``.item()``,
-  no data-dependent Python branch); ``compute`` runs once per logging interval / epoch.
+  ``Metric`` subclasses for the LightningModule. Their states are sums (``dist_reduce_fx="sum"``) or
+  concatenated rows (``"cat"``: ``GroupAUC``, and ``BinnedAUC`` up to its row cap), so the value
+  reduced over DDP ranks equals the single-process value on all the data. ``update`` never syncs the
+  device (no ``.item()``, no data-dependent Python branch); ``compute`` runs once per logging
+  interval / epoch.
 - ``exact_auc``, ``delong_ci``, ``gauc``, ``logloss``, ``normalized_entropy``, ``calibration``,
   ``calibration_table`` and ``StreamingEvaluator``: float64 numpy for ``recformer evaluate``, exact
   over data of any size.
@@ -42,12 +43,17 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
+from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
 DEFAULT_AUC_BINS = 4096
-"""Histogram bins of the binned AUC: 24 logits / 4096 = 0.006 logit per bin, AUC error ~1e-4 on
-typical CTR scores; more when the scores crowd into few bins (a barely trained model whose logits
-span 0.4 fell in 67 bins and read 5e-4 high): ``recformer evaluate`` gives the exact AUC."""
+"""Histogram bins of the binned AUC: 24 logits / 4096 = 0.006 logit per bin. Error ~1e-4 when the
+scores spread over many bins, far more when they crowd into few: logits spanning 0.4 (67 bins) read
+5e-4 high, and a MovieLens checkpoint whose probabilities sat in 0.486-0.492 (4 bins) read 0.6437
+against the exact 0.6486 (1e-2 to 2e-2 low on such scores in tests/test_metrics.py). Hence
+``BinnedAUC`` is exact below ``DEFAULT_AUC_EXACT_MAX_ROWS``."""
+DEFAULT_AUC_EXACT_MAX_ROWS = 1_000_000
+"""Rows per rank that ``BinnedAUC`` keeps for the exact AUC (12 bytes each, float32 logit, label and
+weight) before it falls back to its histograms."""
 DEFAULT_LOGIT_RANGE = 12.0
 """Bins span logits [-12, 12] (probabilities 6e-6 .. 1 - 6e-6); logits outside go to the edge bins."""
 
@@ -119,14 +125,28 @@ class _KeepsDtypes(Metric):
 
 
 class BinnedAUC(_KeepsDtypes):
-    """Constant-memory AUC from weighted histograms of positives and negatives over logit bins.
+    """AUC that is exact up to ``exact_max_rows`` rows per rank, binned beyond.
 
-    ``update(preds_logits_B, target_B, weight_B=None)`` takes **logits**. Bins are equally spaced on
-    the logit scale over ``[-logit_range, logit_range]`` (logits outside are clamped into the edge
-    bins); pairs that share a bin count as ties (one half), so the error is bounded by half the
-    fraction of positive-negative pairs sharing a bin: ~1e-4 with the defaults on typical CTR data.
-    States are two float64 histograms of ``n_bins`` (64 KiB with the defaults), summed over ranks.
-    A NaN logit anywhere makes ``compute`` return NaN instead of silently dropping the row.
+    ``update(preds_logits_B, target_B, weight_B=None)`` takes **logits**. Two records, both kept on
+    the device:
+
+    - The rows themselves (float32 logit, label and weight: 12 bytes a row, concatenated across
+      ranks at ``compute``) while a rank has seen at most ``exact_max_rows`` rows since the last
+      ``reset``. Past that the rank drops them and counts itself in ``rows_not_kept``, a sum over
+      ranks, so every rank takes the same branch at ``compute``. When no rank overflowed the AUC is
+      exact (weighted, ties one half, as ``exact_auc`` on the float32 rows); it costs memory of
+      ``world_size * exact_max_rows`` rows on each rank at ``compute``, and a sort.
+    - Weighted histograms of positives and negatives over ``n_bins`` logit bins, always updated:
+      float64, 64 KiB with the defaults, summed over ranks. Bins are equally spaced on the logit
+      scale over ``[-logit_range, logit_range]`` (logits outside are clamped into the edge bins);
+      pairs that share a bin count as ties (one half). When a rank overflowed this is the AUC, and
+      its error is up to half the fraction of positive-negative pairs sharing a bin: ~1e-4 when the
+      scores spread, 5e-3 to 2e-2 when they crowd into a few bins (see ``DEFAULT_AUC_BINS``).
+      ``compute`` then warns once per metric, naming the cap. ``exact_max_rows=0`` is always
+      binned, without the warning.
+
+    NaN when a class is absent or the weights sum to 0. A NaN logit anywhere makes ``compute``
+    return NaN instead of silently dropping the row.
     """
 
     is_differentiable = False
@@ -134,21 +154,43 @@ class BinnedAUC(_KeepsDtypes):
     full_state_update = False
 
     def __init__(
-        self, n_bins: int = DEFAULT_AUC_BINS, logit_range: float = DEFAULT_LOGIT_RANGE, **kwargs: Any
+        self,
+        n_bins: int = DEFAULT_AUC_BINS,
+        logit_range: float = DEFAULT_LOGIT_RANGE,
+        exact_max_rows: int = DEFAULT_AUC_EXACT_MAX_ROWS,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         _check_bins(n_bins, logit_range)
+        if exact_max_rows < 0:
+            raise ValueError(f"exact_max_rows={exact_max_rows} must be >= 0 (0 = always binned)")
         self.n_bins = n_bins
         self.logit_range = float(logit_range)
+        self.exact_max_rows = int(exact_max_rows)
         # float64: float32 counts stop incrementing at 2**24 rows per bin.
         self.add_state("pos_hist", torch.zeros(n_bins, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("neg_hist", torch.zeros(n_bins, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_nan", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        # float32 rows, as GroupAUC's: the dtype of the empty stand-in torchmetrics sends for a
+        # rank with no rows (it saw none, or dropped them), so the gather never mixes dtypes.
+        # The module's logits are float32 already, so nothing is rounded there.
+        self.add_state("logits", [], dist_reduce_fx="cat")
+        self.add_state("labels", [], dist_reduce_fx="cat")
+        self.add_state("weights", [], dist_reduce_fx="cat")
+        self.add_state("rows_not_kept", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self._overflowed = False  # host-side twin of rows_not_kept > 0 on this rank: no sync
+        self._kept = (0, 0)  # (rows, tensors) in the lists when last counted
+        self._warned = False
+
+    def reset(self) -> None:
+        super().reset()
+        self._overflowed, self._kept = False, (0, 0)
 
     def update(
         self, preds_logits_B: torch.Tensor, target_B: torch.Tensor, weight_B: torch.Tensor | None = None
     ) -> None:
         x_B, y_B, w_B = _flat_inputs(preds_logits_B, target_B, weight_B, "BinnedAUC")
+        self._keep_rows(x_B, y_B, w_B)
         r = self.logit_range
         nan_B = torch.isnan(x_B)
         self.n_nan += nan_B.sum()
@@ -159,9 +201,68 @@ class BinnedAUC(_KeepsDtypes):
         self.pos_hist.index_add_(0, bin_B, w_B * y_B)
         self.neg_hist.index_add_(0, bin_B, w_B * (1.0 - y_B))
 
+    def _keep_rows(self, x_B: torch.Tensor, y_B: torch.Tensor, w_B: torch.Tensor) -> None:
+        """Append the rows while this rank stays within the cap; past it, drop the kept ones."""
+        if self._overflowed:
+            self.rows_not_kept += x_B.numel()
+            return
+        kept = self._rows_kept() + x_B.numel()
+        if kept > self.exact_max_rows:
+            self._drop_rows(kept)
+            return
+        self.logits.append(x_B.float())
+        self.labels.append(y_B.float())
+        self.weights.append(w_B.float())
+        self._kept = (kept, len(self.logits))
+
+    def _rows_kept(self) -> int:
+        """Rows in the lists, from their shapes: known on the host, no sync. Recounted only when the
+        list length is not the one last seen (a recount every step would cost O(steps**2))."""
+        if len(self.logits) != self._kept[1]:
+            self._kept = (sum(t.numel() for t in self.logits), len(self.logits))
+        return self._kept[0]
+
+    def _drop_rows(self, n_rows: int) -> None:
+        self.rows_not_kept += n_rows
+        for rows in (self.logits, self.labels, self.weights):
+            rows.clear()
+        self._overflowed, self._kept = True, (0, 0)
+
+    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
+        # forward() (reset, update on the batch, merge the saved states back) and merge_state()
+        # join kept rows outside update: hold those to the cap as well.
+        super()._reduce_states(incoming_state)
+        if self._rows_kept() > self.exact_max_rows:
+            self._drop_rows(self._rows_kept())
+
     def compute(self) -> torch.Tensor:
         auc = _histogram_auc(self.pos_hist, self.neg_hist)
+        # Syncs (once per epoch, not per step): every rank reads the same summed state, so all
+        # take the same branch.
+        if float(self.rows_not_kept) > 0:
+            self._warn_binned()
+        elif not (isinstance(self.logits, list) and not self.logits):
+            x = dim_zero_cat(self.logits).double()
+            y = dim_zero_cat(self.labels).double()
+            w = dim_zero_cat(self.weights).double()
+            if x.numel() > 0:
+                one_group = torch.zeros_like(x, dtype=torch.long)
+                num, pos, neg = _grouped_auc_torch(one_group, x, w * y, w * (1 - y))
+                auc = num[0] / (pos[0] * neg[0])  # 0/0 = nan with one class, as the histogram's
         return torch.where(self.n_nan > 0, torch.full_like(auc, math.nan), auc).float()
+
+    def _warn_binned(self) -> None:
+        if self._warned or self.exact_max_rows == 0:
+            return
+        self._warned = True
+        rank_zero_warn(
+            f"BinnedAUC: a rank saw more than exact_max_rows={self.exact_max_rows} rows since the last "
+            f"reset ({float(self.rows_not_kept):.0f} rows not kept over all ranks), so this AUC is the "
+            f"binned one ({self.n_bins} logit bins; off by up to ~2e-2 when scores crowd). Raise "
+            "exact_max_rows (model.auc_exact_max_rows; 12 bytes a row per rank, gathered on every rank at "
+            "compute) or run "
+            "`recformer evaluate` for the exact AUC."
+        )
 
 
 class _WeightedSums(_KeepsDtypes):
