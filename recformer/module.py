@@ -25,7 +25,14 @@ from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.data.batch import Batch
 from recformer.data.schema import DataError
 from recformer.metric_names import OOV
-from recformer.metrics import BinnedAUC, Calibration, GroupAUC, LogLoss, NormalizedEntropy
+from recformer.metrics import (
+    DEFAULT_AUC_EXACT_MAX_ROWS,
+    BinnedAUC,
+    Calibration,
+    GroupAUC,
+    LogLoss,
+    NormalizedEntropy,
+)
 from recformer.model.baselines import Arch, build_model
 from recformer.optim import build_optimizer, build_scheduler, describe_groups
 
@@ -72,6 +79,7 @@ class RankerModule(pl.LightningModule):
         dims: FeatureDims | None = None,
         arch: Arch = "transformer",
         compile: bool = False,
+        auc_exact_max_rows: int = DEFAULT_AUC_EXACT_MAX_ROWS,
     ):
         """
         Args:
@@ -82,6 +90,9 @@ class RankerModule(pl.LightningModule):
                 history plus an MLP), "popularity" (a learned per-item positive rate).
             compile: ``torch.compile`` the model in place (``nn.Module.compile``: state-dict keys
                 are unchanged, DESIGN section 7).
+            auc_exact_max_rows: Rows per rank for which val/auc and test/auc are exact (12 bytes
+                each, gathered on every rank once per validation); past it they are binned (4096
+                logit bins) and say so. train/auc is always binned: it only watches the trend.
         """
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
@@ -99,18 +110,20 @@ class RankerModule(pl.LightningModule):
             "optim": asdict(self.optim_cfg),
             "dims": asdict(self.dims),
         }
-        self.save_hyperparameters({**hparams, "arch": arch, "compile": compile})
+        self.save_hyperparameters(
+            {**hparams, "arch": arch, "compile": compile, "auc_exact_max_rows": auc_exact_max_rows}
+        )
         self.net = build_model(arch, self.model_cfg, self.dims)
         self.compile_model = compile
-        metrics = lambda: {
-            "auc": BinnedAUC(),
+        metrics = lambda exact_max_rows: {
+            "auc": BinnedAUC(exact_max_rows=exact_max_rows),
             "logloss": LogLoss(),
             "ne": NormalizedEntropy(),
             "calibration": Calibration(),
         }
-        self.train_metrics = MetricCollection(metrics(), prefix="train/")
-        self.val_metrics = MetricCollection(metrics(), prefix="val/")
-        self.test_metrics = MetricCollection(metrics(), prefix="test/")
+        self.train_metrics = MetricCollection(metrics(0), prefix="train/")
+        self.val_metrics = MetricCollection(metrics(auc_exact_max_rows), prefix="val/")
+        self.test_metrics = MetricCollection(metrics(auc_exact_max_rows), prefix="test/")
         self.val_gauc = GroupAUC()
         self.test_gauc = GroupAUC()
         # Eval loss over the whole split, summed exactly across ranks: Lightning's own epoch mean
