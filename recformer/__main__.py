@@ -46,6 +46,9 @@ USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor} ...
 """
 
 
+COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # LightningCLI's own top-level help knows only its four subcommands.
@@ -55,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0
+    if argv[0] not in COMMANDS and not argv[0].startswith("-"):  # options go to LightningCLI
+        print(USAGE, end="", file=sys.stderr)
+        print(
+            f"recformer: error: unknown command {argv[0]!r}; expected one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
     if argv[0] == "data":
         return data_main(argv[1:])
     if argv[0] == "evaluate":

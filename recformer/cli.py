@@ -7,12 +7,14 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from recformer.callbacks.sink import HEALTH_FILE
 from recformer.data.datamodule import RecDataModule
 from recformer.module import RankerModule
 
@@ -23,6 +25,9 @@ KNOWN_FALSE_ALARMS = (
     r"Your `IterableDataset` has `__len__` defined",
     # RankerModule.transfer_batch_to_device is meant to win: it widens Batch's compact ids.
     r"You have overridden `transfer_batch_to_device` in `LightningModule`",
+    # The loader resumes exactly mid-epoch from the DataModule's state in the checkpoint (tested);
+    # Lightning only looks for its own state_dict protocol on the DataLoader.
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
     # Lightning's own use of torch's pytree API, about to change upstream; nothing to do here.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
@@ -35,9 +40,32 @@ def quiet_known_false_alarms() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+_NEW_RUN_DIRS: list[Path] = []
+"""Run folders this process created (rank 0), for ``cli_main`` to remove if the run fails before it
+writes anything but its config."""
+_START_FILES = {"config.yaml", "hparams.yaml"}
+"""What a run writes before its first step; with an empty ``health.jsonl`` and empty folders, a run
+folder holding only these has no result in it."""
+
+
+def holds_no_result(run: Path) -> bool:
+    """``run`` holds nothing but what a run writes at its start (or is missing or empty)."""
+    files = [p for p in run.rglob("*") if p.is_file()]
+    return all(p.name in _START_FILES or (p.name == HEALTH_FILE and p.stat().st_size == 0) for p in files)
+
+
 class LoggedSaveConfig(SaveConfigCallback):
     """Saves the resolved config in the run's own directory (never another run's) and sends it to
-    every logger that takes one (W&B)."""
+    every logger that takes one (W&B). Notes the run folder if it made it (``_NEW_RUN_DIRS``)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        log_dir = trainer.log_dir  # broadcast from rank 0: every rank calls it, as super() does
+        # The loggers and the other callbacks' set-up may have made the folder already (an empty
+        # health.jsonl), not filled it.
+        fresh = trainer.is_global_zero and log_dir is not None and holds_no_result(Path(log_dir))
+        super().setup(trainer, pl_module, stage)
+        if fresh:
+            _NEW_RUN_DIRS.append(Path(log_dir))
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         config = self.parser.dump(self.config, skip_none=False, format="yaml")
@@ -53,6 +81,18 @@ class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
 
+    def before_instantiate_classes(self) -> None:
+        # Without loggers Lightning writes a run's files (config.yaml, checkpoints/, health.jsonl,
+        # predictions) straight into default_root_dir: the next such run stopped on the config
+        # already there, and would have mixed its checkpoints with the first one's. It gets the
+        # run folder a CSVLogger would have made instead.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config["trainer"]
+        if trainer.get("logger") in (False, None, []):
+            root = Path(trainer.get("default_root_dir") or ".") / "recformer"
+            taken = [int(d.name[8:]) for d in root.glob("version_*") if d.name[8:].isdigit()]
+            trainer["default_root_dir"] = str(root / f"version_{max(taken, default=-1) + 1}")
+
     def before_predict(self) -> None:
         # Scores stream to Parquet (ParquetPredictionWriter); Lightning would also keep every
         # batch's output in memory for the return value nobody reads here. --return_predictions
@@ -65,15 +105,25 @@ class RecformerCLI(LightningCLI):
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
     quiet_known_false_alarms()
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []
-    return RecformerCLI(
-        RankerModule,
-        RecDataModule,
-        save_config_callback=LoggedSaveConfig,
-        save_config_kwargs={"overwrite": False},
-        parser_kwargs={
-            cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test", "predict")
-        },
-        args=args,
-        run=run,
-        auto_configure_optimizers=False,
-    )
+    try:
+        return RecformerCLI(
+            RankerModule,
+            RecDataModule,
+            save_config_callback=LoggedSaveConfig,
+            save_config_kwargs={"overwrite": False},
+            parser_kwargs={
+                cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test", "predict")
+            },
+            args=args,
+            run=run,
+            auto_configure_optimizers=False,
+        )
+    except BaseException:
+        # A run that fails at its start leaves no version_N folder holding only its config behind
+        # (the next run's number would skip it, and doctor would find nothing to read there).
+        for run_dir in _NEW_RUN_DIRS:
+            if holds_no_result(run_dir):
+                shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finally:
+        _NEW_RUN_DIRS.clear()

@@ -265,8 +265,9 @@ def build_scheduler(
             )
         if total_steps <= cfg.warmup_steps:
             raise ValueError(
-                f"total_steps={total_steps} must exceed warmup_steps={cfg.warmup_steps} for a "
-                f"{cfg.schedule} schedule; lower optim.warmup_steps or train longer"
+                f"the run trains {total_steps} steps, not more than model.optim.warmup_steps="
+                f"{cfg.warmup_steps}, so the {cfg.schedule} schedule would never leave its warmup; lower "
+                "--model.optim.warmup_steps or train longer (--trainer.max_steps / --trainer.max_epochs)"
             )
     fn = functools.partial(
         lr_lambda, cfg=cfg, total_steps=int(total_steps) if math.isfinite(total_steps) else 0

@@ -87,6 +87,10 @@ def test_top_level_help_names_every_command(capsys):
         assert command in out
     assert recformer_main([]) == 2  # no command: the same usage, on stderr
     assert "doctor" in capsys.readouterr().err
+    assert recformer_main(["foo"]) == 2  # LightningCLI's own error named only its four
+    assert "unknown command 'foo'; expected one of fit, validate, test, predict, data, evaluate, doctor" in (
+        capsys.readouterr().err
+    )
 
 
 def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
@@ -109,9 +113,16 @@ def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
     assert run2 != run and (run2 / "config.yaml").is_file() and (run / "config.yaml").is_file()
 
 
+class DecliningAUC(pl.Callback):
+    """val/auc falls after the first epoch, so only that one is a new best. Runs before the
+    checkpoint callbacks (Lightning puts those last)."""
+
+    def on_validation_end(self, trainer, pl_module):
+        trainer.callback_metrics["val/auc"] = torch.tensor(0.9 - 0.1 * trainer.current_epoch)
+
+
 def test_last_ckpt_is_the_end_of_training_even_when_the_last_epoch_is_not_the_best(tiny_data, tmp_path):
-    # A learning rate of 1e-12 leaves val/auc unchanged, so only the first epoch is a new best.
-    cli = cli_main(fit_args(tiny_data, tmp_path, "--model.optim.lr=1e-12"))
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.callbacks+=tests.test_module.DecliningAUC"))
     ckpts = Path(cli.trainer.log_dir) / "checkpoints"
     best = list(ckpts.glob("epoch*.ckpt"))
     assert len(best) == 1 and torch.load(best[0], weights_only=False)["epoch"] == 0
@@ -683,3 +694,31 @@ def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
     monkeypatch.setenv("RECFORMER_TRACEBACK", "0")  # "0" is off, like unset
     with pytest.raises(ValueError, match="invalid literal"):
         recformer_main(["fit"])
+
+
+def test_a_run_without_loggers_trains_into_its_own_run_folder(tiny_data, tmp_path):
+    """--trainer.logger false: Lightning's LearningRateMonitor had stopped such a run, and its files
+    went straight into default_root_dir, where the next one stopped on the config already there."""
+    for version in (0, 1):
+        cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.logger=false", "--trainer.max_epochs=1"))
+        run = tmp_path / "recformer" / f"version_{version}"
+        assert Path(cli.trainer.log_dir) == run
+        assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_run_that_fails_at_its_start_leaves_no_run_folder(tiny_data, tmp_path, capsys):
+    args = fit_args(tiny_data, tmp_path, "--trainer.max_steps=3", "--model.optim.warmup_steps=10")
+    assert recformer_main(args) == 2
+    assert "warmup_steps=10" in capsys.readouterr().err
+    assert not list((tmp_path / "recformer").glob("version_*"))
+    cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))  # the next run is version_0
+    assert Path(cli.trainer.log_dir).name == "version_0"
+
+
+def test_a_mid_epoch_resume_prints_no_false_alarm(tiny_data, tmp_path, recwarn):
+    first = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_steps=4"))  # 9 batches per epoch
+    last = Path(first.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+    cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_steps=6", f"--ckpt_path={last}"))
+    said = [str(w.message) for w in recwarn]
+    assert not [m for m in said if "not resumable" in m], said

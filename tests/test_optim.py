@@ -182,7 +182,7 @@ def test_scheduler_keeps_per_group_multipliers():
         sched.step()
     lrs = {g["name"]: g["lr"] for g in opt.param_groups}
     assert lrs["hidden"] == pytest.approx(5e-3) and lrs["vector"] == pytest.approx(1e-2)
-    with pytest.raises(ValueError, match="total_steps=4 must exceed warmup_steps=4"):
+    with pytest.raises(ValueError, match=r"trains 4 steps, not more than model.optim.warmup_steps=4"):
         build_scheduler(opt, cfg, total_steps=4)
     with pytest.raises(ValueError, match="finite number of training steps"):
         build_scheduler(opt, cfg, total_steps=float("inf"))
