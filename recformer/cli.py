@@ -8,9 +8,10 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 from __future__ import annotations
 
 import shutil
+import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
@@ -77,6 +78,19 @@ class LoggedSaveConfig(SaveConfigCallback):
                 logger.log_config(as_dict)
 
 
+class _OneLineErrors(LightningArgumentParser):
+    """A bad setting is one line naming it and where to see them all, not the usage of every
+    setting (60 lines) above it."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse tries a parse and catches: keep its behaviour
+            super().error(message, ex)
+        self._logger.error(message)
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {message}\n(every setting: {prog} --help)\n")
+        self.exit(2)
+
+
 class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
@@ -110,9 +124,11 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
             RankerModule,
             RecDataModule,
             save_config_callback=LoggedSaveConfig,
+            parser_class=_OneLineErrors,
             save_config_kwargs={"overwrite": False},
             parser_kwargs={
-                cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test", "predict")
+                "prog": "recformer",
+                **{cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test", "predict")},
             },
             args=args,
             run=run,

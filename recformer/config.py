@@ -262,9 +262,13 @@ class FeatureSpec:
             raw = yaml.safe_load(fh)
         if not isinstance(raw, dict):
             raise ValueError(f"feature spec {path}: expected a YAML mapping, found {type(raw).__name__}")
+        known = {f.name for f in fields(cls)} - {"path"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"feature spec {path}: unknown keys {unknown}; known keys are {sorted(known)}")
         try:
             spec = cls(**raw)
-        except TypeError as e:  # unknown or missing top-level key
+        except TypeError as e:  # a missing top-level key
             raise ValueError(f"feature spec {path}: {e}") from None
         except ValueError as e:
             raise ValueError(f"feature spec {path}: {e}") from None

@@ -404,3 +404,19 @@ def test_summary_refuses_bad_labels_naming_the_row_group(data, capsys, value, ma
 def test_a_batch_size_of_zero_is_refused_naming_the_setting(data, setting):
     with pytest.raises(ValueError, match=rf"data\.{setting}=0; expected a positive number"):
         RecDataModule(str(data), **{setting: 0})
+
+
+def test_a_misspelled_spec_key_is_named_with_the_known_ones(data):
+    spec = data / "spec.yaml"
+    spec.write_text(spec.read_text().replace("categorical:", "categoricl:", 1))
+    with pytest.raises(
+        ValueError, match=r"spec.yaml: unknown keys \['categoricl'\]; known keys are \[.*'categorical'"
+    ):
+        FeatureSpec.load(spec)
+    spec.write_text(
+        spec.read_text()
+        .replace("categoricl:", "categorical:", 1)
+        .replace("  vocab_size: 24", "  vocab_sise: 24")
+    )
+    with pytest.raises(ValueError, match=r"CategoricalField: unknown keys \['vocab_sise'\]"):
+        FeatureSpec.load(spec)

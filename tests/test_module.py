@@ -614,6 +614,16 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
         recformer_main(args)
 
 
+def test_a_misspelled_setting_is_named_without_the_usage_of_every_setting(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["fit", "--data.batchsize=128"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "recformer fit: error: unrecognized arguments: --data.batchsize=128",
+        "(every setting: recformer fit --help)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
