@@ -761,9 +761,17 @@ def main(argv: list[str]) -> int:
     run = load_run(run_dir)
     if not run.series:
         hint = sorted(p.name for p in run_dir.glob("version_*"))
+        present = [f.name for f in (run_dir / HEALTH_FILE, run_dir / "metrics.csv") if f.is_file()]
+        if present:
+            said = f"{' and '.join(present)}: no metric rows (the run stopped before its first log step?)"
+        else:
+            said = (
+                f"expected {HEALTH_FILE} (the health callbacks of configs/trainer.yaml) or metrics.csv "
+                "(CSVLogger)"
+            )
+
         print(
-            f"recformer doctor: no metrics in {run_dir}: expected {HEALTH_FILE} (the health callbacks of "
-            "configs/trainer.yaml) or metrics.csv (CSVLogger)"
+            f"recformer doctor: no metrics in {run_dir}: {said}"
             + (f"; this looks like a logger directory, try one of {hint}" if hint else ""),
             file=sys.stderr,
         )

@@ -217,6 +217,11 @@ def test_no_metrics_is_exit_2_with_a_hint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "health.jsonl" in err and "version_0" in err
     assert main([str(tmp_path / "missing")]) == 2
+    (tmp_path / "health.jsonl").touch()  # a run that stopped before its first log step
+    assert main([str(tmp_path)]) == 2
+    assert (
+        "health.jsonl: no metric rows (the run stopped before its first log step?)" in capsys.readouterr().err
+    )
 
 
 def test_a_run_without_health_metrics_gets_no_verdict(tmp_path, capsys):
