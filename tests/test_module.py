@@ -75,6 +75,23 @@ def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
     ]
 
 
+def predict_args(data: Path, root: Path, ckpt: Path) -> list[str]:
+    """``recformer predict`` of ``ckpt`` (the fit_args model) on ``data``, run files under ``root``."""
+    return [
+        "predict",
+        logger_config(root),
+        f"--data.data_dir={data}",
+        "--data.num_workers=0",
+        "--model.ranker.d_model=16",
+        "--model.ranker.n_layers=2",
+        "--model.ranker.n_heads=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={root}",
+        f"--ckpt_path={ckpt}",
+    ]
+
+
 def read_metrics(run: Path) -> list[dict[str, str]]:
     with open(run / "metrics.csv") as fh:
         return list(csv.DictReader(fh))
@@ -156,21 +173,7 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
         evaluate(
             ckpt, tiny_data, split="test", batch_size=32, num_workers=0, max_rows_in_memory=89, compare=ckpt
         )
-    pred_cli = cli_main(
-        [
-            "predict",
-            logger_config(tmp_path / "p"),
-            f"--data.data_dir={tiny_data}",
-            "--data.num_workers=0",
-            "--model.ranker.d_model=16",
-            "--model.ranker.n_layers=2",
-            "--model.ranker.n_heads=2",
-            "--trainer.accelerator=cpu",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path}",
-            f"--ckpt_path={ckpt}",
-        ]
-    )
+    pred_cli = cli_main(predict_args(tiny_data, tmp_path / "p", ckpt))
     pred = pq.read_table(Path(pred_cli.trainer.log_dir) / "predictions.parquet").to_pydict()
     assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
     assert all(0 < s < 1 for s in pred["score"])
@@ -207,19 +210,7 @@ def test_a_checkpoint_refuses_data_whose_columns_differ_where_sizes_agree(
         DataError, match=r"dense: data \['age', 'activity'\] vs checkpoint \['activity', 'age'\]"
     ):
         evaluate(ckpt, swapped, split="test", batch_size=32, num_workers=0)
-    predict = [
-        "predict",
-        logger_config(tmp_path / "p"),
-        f"--data.data_dir={swapped}",
-        "--data.num_workers=0",
-        "--model.ranker.d_model=16",
-        "--model.ranker.n_layers=2",
-        "--model.ranker.n_heads=2",
-        "--trainer.accelerator=cpu",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path / 'p'}",
-        f"--ckpt_path={ckpt}",
-    ]
+    predict = predict_args(swapped, tmp_path / "p", ckpt)
     assert recformer_main(predict) == 2
     said = capsys.readouterr().err
     assert "the data does not match the checkpoint: other columns feed the model (dense:" in said
@@ -260,21 +251,7 @@ def test_evaluate_and_predict_count_unknown_ids(tiny_data, tmp_path, caplog):
     }
     assert "unknown ids  item_id 3  (mapped to the OOV row, not dropped)" in format_table(r)
     with caplog.at_level(logging.WARNING, logger="recformer.module"):
-        cli_main(
-            [
-                "predict",
-                logger_config(tmp_path / "p"),
-                f"--data.data_dir={data}",
-                "--data.num_workers=0",
-                "--model.ranker.d_model=16",
-                "--model.ranker.n_layers=2",
-                "--model.ranker.n_heads=2",
-                "--trainer.accelerator=cpu",
-                "--trainer.enable_progress_bar=false",
-                f"--trainer.default_root_dir={tmp_path / 'p'}",
-                f"--ckpt_path={ckpt}",
-            ]
-        )
+        cli_main(predict_args(data, tmp_path / "p", ckpt))
     assert "predict: unknown ids mapped to the OOV row (scored, not dropped): {'item_id': 3}" in caplog.text
 
 
