@@ -69,6 +69,11 @@ not run yet: no device lent). Peak memory 1761 / 1765 / 1774 MB for 1 / 2 / 5M r
 A later run the same day (7 rounds, ``--memory-files`` none; a slower stretch of the machine: raw
 910k, worker 1.52 us/row): w1 0.73, w2 0.62 per worker; 2 raw scans at once read 1.83 of one scan,
 and w2 against them is 0.66 per worker (0.65-0.70 over rounds): short of 0.7 by either measure.
+Re-run in the next session (commit 13 after bf46f78, 7 rounds, the same command with memory runs):
+raw 1011k rows/s, w1 0.74 (0.70-0.77), w2 0.62 (0.61-0.65) per worker, against 2 raw scans at once
+0.68 (0.66-0.72); 2 raw scans at once read 1.78 of one; peak memory 1781 / 1802 / 1799 MB for 1 / 2
+/ 5M rows. A training process with the workers' allocator settings (``keep_freed_memory``) spent the
+same CPU per row (0.124 against 0.126 us, 4 alternated rounds): its padding is not allocation-bound.
 
 Steps. The batch plan in one compiled pass (``kernels.cut_plan``) and per-size transit layouts: cut
 0.180 -> 0.146 us/row at 1024-row batches, 0.31 -> 0.20 at 256; w1 0.73 -> 0.75-0.76, w2 0.61 ->
