@@ -400,9 +400,9 @@ def test_an_error_in_a_forked_worker_reaches_the_training_process(tiny_data, mon
             got.append(b)
     assert len(got) == 5  # worker 0's 0, 1, 2 and worker 1's 0, 1: everything before the error
     assert not ring._RINGS
-    # The check's own sentence (the CLI prints it as one line); where it came from in the notes.
+    # The check's own sentence (the CLI prints it as one line); where it came from as its cause.
     assert str(info.value) == str(error)
-    assert re.search(r"(?s)worker process 1.*Traceback", "".join(info.value.__notes__))
+    assert re.search(r"(?s)worker process 1.*Traceback", str(info.value.__cause__))
 
 
 def test_another_error_in_a_forked_worker_keeps_the_workers_traceback(tiny_data, monkeypatch):

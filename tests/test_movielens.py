@@ -111,15 +111,19 @@ def test_a_rerun_replaces_its_own_parts_and_refuses_files_it_did_not_write(small
     shutil.copytree(out, again)
     ml.prepare(src, again, ITEMS, max_len=5)  # its own part files: replaced, byte-identical
     assert _files(again) == _files(out)
-    planted = [again / "train" / "date=1" / "old.parquet", again / "val.parquet"]
-    planted[0].parent.mkdir()
-    for f in planted:
-        f.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
-    (again / "val" / "part-00000.parquet").unlink()  # val now falls back to again/val.parquet
+    # A bad input stops the command before it removes anything of the dataset there.
+    with pytest.raises(FileNotFoundError):
+        ml.prepare(src, again, tmp_path / "no-items.parquet", max_len=5)
+    assert _files(again) == _files(out)
+    # A val.parquet beside val/ is not read (val/ has files), so it is no reason to stop.
+    (again / "val.parquet").write_bytes((out / "test" / "part-00000.parquet").read_bytes())
+    planted = again / "train" / "date=1" / "old.parquet"
+    planted.parent.mkdir()
+    planted.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
     before = _files(again)
     with pytest.raises(ValueError, match="remove them or use an empty --out") as e:
         ml.prepare(src, again, ITEMS, max_len=5)
-    assert all(str(f) in str(e.value) for f in planted)
+    assert str(planted) in str(e.value) and "val.parquet" not in str(e.value)
     assert _files(again) == before  # nothing written, nothing removed
 
 

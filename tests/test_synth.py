@@ -283,13 +283,19 @@ def test_stale_part_files_go_and_foreign_parquet_is_refused_untouched(tmp_path: 
     assert sorted(p.name for p in (out / "train").iterdir()) == ["notes.txt", "part-00000.parquet"]
     assert s.files["train"] == [out / "train" / "part-00000.parquet"]
     # ... but Parquet files synth did not write, which the loader would read, stop it before any write.
+    # A test.parquet is read only for a split without files: here the run writes no test rows.
     foreign = [out / "train" / "date=1" / "old.parquet", out / "val" / "extra.parquet", out / "test.parquet"]
     for f in foreign:
         f.parent.mkdir(exist_ok=True)
         f.write_bytes((out / "test" / "part-00000.parquet").read_bytes())
     before = _files(out)
     with pytest.raises(ValueError, match="remove them or use an empty --out") as e:
-        write_synth(out, seed=3, **kw)
+        write_synth(out, seed=3, **{**kw, "test_rows": 0})
     assert all(str(f) in str(e.value) for f in foreign)
     assert "part-00000" not in str(e.value) and "notes.txt" not in str(e.value)
     assert _files(out) == before  # nothing written, nothing deleted
+    # With test rows written, test.parquet is never read: no reason to stop for it.
+    for f in foreign[:2]:
+        f.unlink()
+    write_synth(out, seed=3, **kw)
+    assert (out / "test.parquet").is_file()

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import required
-from recformer.data.shards import replace_parts
+from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = "data/ml-latest-small"
@@ -475,6 +475,7 @@ def write_splits(tables: dict[str, pa.Table], out: Path) -> dict[str, list[Path]
     for name, table in tables.items():
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
+        remove_own_parts(out, [name])
         fractions = TRAIN_FILE_FRACTIONS if name == "train" else (1.0,)
         if table.num_rows < len(fractions):
             raise ValueError(
@@ -498,7 +499,7 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
     licence = source / "README.txt"
     if not licence.is_file():
         raise FileNotFoundError(f"{licence} does not exist: GroupLens' licence must travel with the data")
-    replace_parts(out, SPLITS)
+    refuse_foreign_parquet(out, SPLITS, written=SPLITS)  # before any work: a bad input must not cost the data
     items = attach_content(build_items(movies, tags, source, evaluation_start(ratings)), Path(items_path))
     log = build_log(ratings, items, max_len, source)
     tables = _split_tables(log)

@@ -187,6 +187,10 @@ def _work(
         errors.put((worker, error, check))  # after the header: the training process reads it only then
 
 
+class WorkerTraceback(Exception):
+    """Where a worker raised the error the training process re-raises, with its traceback."""
+
+
 class WorkerPool:
     """One epoch of a stream from ``workers`` forked processes, yielded as Batches in the
     DataLoader's in-order round robin (which skips workers that have finished), so that a batch's
@@ -275,9 +279,9 @@ class WorkerPool:
         error, check = self._reported[worker]
         if check is None:
             error.reraise()
-        bad = DataError(check)
-        bad.add_note(f"{error.where}: {error.exc_msg}")  # the worker traceback (RECFORMER_TRACEBACK=1)
-        raise bad
+        # The worker's traceback as the cause (shown with RECFORMER_TRACEBACK=1); the message is
+        # the check's own sentence.
+        raise DataError(check) from WorkerTraceback(f"{error.where}:\n{error.exc_msg}")
 
     def close(self) -> None:
         """Stop the workers (each exits at its next slot, at once when it is waiting for one) and

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,18 +116,18 @@ OWN_PARTS = "part-*.parquet"
 previous run's, which would otherwise be read as data)."""
 
 
-def replace_parts(root: Path, splits: Sequence[str]) -> None:
-    """Before a data command writes ``splits`` under ``root``: stop, naming them, if the loader
-    would also read Parquet files there that the command does not write (``train/date=1/x.parquet``
-    at any depth, or the ``root/<split>.parquet`` a split without folder files falls back to);
-    then remove the split folders' own ``part-*.parquet`` of an earlier run. Nothing the command
-    did not write is ever removed."""
+def refuse_foreign_parquet(root: Path, splits: Sequence[str], written: Collection[str]) -> None:
+    """Before a data command writes under ``root``: stop, naming them, if the loader would read
+    Parquet files of ``splits`` there that the command does not write: any in a split folder
+    besides its own top-level ``part-*.parquet`` (``train/date=1/x.parquet``, at any depth), and
+    the ``root/<split>.parquet`` the loader falls back to for a split the command writes no rows of
+    (``written`` are the splits it writes rows to). Changes nothing."""
     foreign = []
     for name in splits:
         own = set((root / name).glob(OWN_PARTS))
-        foreign += [f for f in find_split_files(root, name) if f not in own]
+        foreign += [f for f in _split_dir_files(root / name) if f.suffix == ".parquet" and f not in own]
         single = root / f"{name}.parquet"
-        foreign += [single] if single.is_file() and single not in foreign else []
+        foreign += [single] if name not in written and single.is_file() else []
     if foreign:
         listed = [str(f) for f in foreign[:10]] + (
             [f"... and {len(foreign) - 10} more"] if len(foreign) > 10 else []
@@ -136,6 +136,11 @@ def replace_parts(root: Path, splits: Sequence[str]) -> None:
             f"--out {root}: {len(foreign)} Parquet file(s) there that this command does not write "
             f"would be read with the new rows as data: {listed}; remove them or use an empty --out"
         )
+
+
+def remove_own_parts(root: Path, splits: Sequence[str]) -> None:
+    """Remove the split folders' own ``part-*.parquet`` of an earlier run (more files than this
+    run writes, or a split it now writes no rows of, would be read as data); only those."""
     for name in splits:
         for stale in sorted((root / name).glob(OWN_PARTS)):
             stale.unlink()

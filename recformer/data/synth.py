@@ -102,7 +102,7 @@ import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import required
-from recformer.data.shards import replace_parts
+from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
 
 # ----------------------------------------------------------------------------------------------
 # Constants of the generative model (documented in the module docstring)
@@ -649,7 +649,7 @@ def write_synth(
     """Generate and write a synthetic dataset (see the module docstring); memory does not grow with
     ``rows``. Earlier ``part-*.parquet`` files in DIR/{train,val,test} are removed first; any other
     Parquet file the loader would read there stops the run before anything is written
-    (``shards.replace_parts``)."""
+    (``shards.refuse_foreign_parquet``)."""
     t0 = time.perf_counter()
     p = SynthParams(
         rows=rows,
@@ -670,9 +670,10 @@ def write_synth(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder (it is created if missing)")
-    replace_parts(out, SPLITS)
+    refuse_foreign_parquet(out, SPLITS, written=[n for n in SPLITS if p.split_rows[n]])
     world = SynthWorld(p)
     out.mkdir(parents=True, exist_ok=True)
+    remove_own_parts(out, SPLITS)
 
     from tqdm import tqdm
 
