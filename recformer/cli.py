@@ -7,6 +7,7 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import warnings
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from recformer.callbacks.sink import HEALTH_FILE
 from recformer.data.datamodule import RecDataModule
@@ -42,8 +44,8 @@ def quiet_known_false_alarms() -> None:
 
 
 _NEW_RUN_DIRS: list[Path] = []
-"""Run folders this process created (rank 0), for ``cli_main`` to remove if the run fails before it
-writes anything but its config."""
+"""Run folders of this process's trainers that did not exist when the trainer was made (rank 0),
+for ``cli_main`` to remove if the run stops on a bad setting or input before it writes a result."""
 _START_FILES = {"config.yaml", "hparams.yaml"}
 """What a run writes before its first step; with an empty ``health.jsonl`` and empty folders, a run
 folder holding only these has no result in it."""
@@ -55,18 +57,19 @@ def holds_no_result(run: Path) -> bool:
     return all(p.name in _START_FILES or (p.name == HEALTH_FILE and p.stat().st_size == 0) for p in files)
 
 
+def own_run_dir(trainer: Any) -> Path | None:
+    """The folder only this run writes to: the first logger's version folder (CSV, TensorBoard), or
+    default_root_dir without loggers; None for another first logger, whose folder is its save_dir,
+    shared by every run. Read before the run starts, so no rank needs to broadcast it."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    first = trainer.loggers[0]
+    return Path(first.log_dir) if isinstance(first, CSVLogger | TensorBoardLogger) else None
+
+
 class LoggedSaveConfig(SaveConfigCallback):
     """Saves the resolved config in the run's own directory (never another run's) and sends it to
-    every logger that takes one (W&B). Notes the run folder if it made it (``_NEW_RUN_DIRS``)."""
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        log_dir = trainer.log_dir  # broadcast from rank 0: every rank calls it, as super() does
-        # The loggers and the other callbacks' set-up may have made the folder already (an empty
-        # health.jsonl), not filled it.
-        fresh = trainer.is_global_zero and log_dir is not None and holds_no_result(Path(log_dir))
-        super().setup(trainer, pl_module, stage)
-        if fresh:
-            _NEW_RUN_DIRS.append(Path(log_dir))
+    every logger that takes one (W&B)."""
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         config = self.parser.dump(self.config, skip_none=False, format="yaml")
@@ -83,8 +86,8 @@ class _OneLineErrors(LightningArgumentParser):
     setting (60 lines) above it."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error:  # jsonargparse tries a parse and catches: keep its behaviour
-            super().error(message, ex)
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)  # a parse jsonargparse tries and catches; its debug mode
         self._logger.error(message)
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
         sys.stderr.write(f"{prog}: error: {message}\n(every setting: {prog} --help)\n")
@@ -102,10 +105,17 @@ class RecformerCLI(LightningCLI):
         # run folder a CSVLogger would have made instead.
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config["trainer"]
-        if trainer.get("logger") in (False, None, []):
+        if trainer.get("logger") in (False, []):  # None is Lightning's default logger
             root = Path(trainer.get("default_root_dir") or ".") / "recformer"
             taken = [int(d.name[8:]) for d in root.glob("version_*") if d.name[8:].isdigit()]
             trainer["default_root_dir"] = str(root / f"version_{max(taken, default=-1) + 1}")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        trainer = super().instantiate_trainer(**kwargs)
+        run_dir = own_run_dir(trainer)
+        if trainer.is_global_zero and run_dir is not None and not run_dir.exists():
+            _NEW_RUN_DIRS.append(run_dir)
+        return trainer
 
     def before_predict(self) -> None:
         # Scores stream to Parquet (ParquetPredictionWriter); Lightning would also keep every
@@ -134,9 +144,10 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
             run=run,
             auto_configure_optimizers=False,
         )
-    except BaseException:
-        # A run that fails at its start leaves no version_N folder holding only its config behind
-        # (the next run's number would skip it, and doctor would find nothing to read there).
+    except (ValueError, FileNotFoundError):  # a bad setting or input (DataError is a ValueError)
+        # A run stopped by one before it wrote a result leaves no version_N folder holding only
+        # its config (the next run's number would skip it; doctor would find nothing there). An
+        # interrupted or crashed run keeps its folder, whatever it holds.
         for run_dir in _NEW_RUN_DIRS:
             if holds_no_result(run_dir):
                 shutil.rmtree(run_dir, ignore_errors=True)

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
@@ -52,8 +53,9 @@ scores spread over many bins, far more when they crowd into few: logits spanning
 against the exact 0.6486 (1e-2 to 2e-2 low on such scores in tests/test_metrics.py). Hence
 ``BinnedAUC`` is exact below ``DEFAULT_AUC_EXACT_MAX_ROWS``."""
 DEFAULT_AUC_EXACT_MAX_ROWS = 1_000_000
-"""Rows per rank that ``BinnedAUC`` keeps for the exact AUC (12 bytes each, float32 logit, label and
-weight) before it falls back to its histograms."""
+"""Rows (over all ranks) that ``BinnedAUC`` keeps for the exact AUC (12 bytes each, float32 logit,
+label and weight; about 80 bytes each at the peak of ``compute``, measured) before it falls back to
+its histograms."""
 DEFAULT_LOGIT_RANGE = 12.0
 """Bins span logits [-12, 12] (probabilities 6e-6 .. 1 - 6e-6); logits outside go to the edge bins."""
 
@@ -125,17 +127,18 @@ class _KeepsDtypes(Metric):
 
 
 class BinnedAUC(_KeepsDtypes):
-    """AUC that is exact up to ``exact_max_rows`` rows per rank, binned beyond.
+    """AUC that is exact up to ``exact_max_rows`` rows in all (over the ranks), binned beyond.
 
     ``update(preds_logits_B, target_B, weight_B=None)`` takes **logits**. Two records, both kept on
     the device:
 
     - The rows themselves (float32 logit, label and weight: 12 bytes a row, concatenated across
-      ranks at ``compute``) while a rank has seen at most ``exact_max_rows`` rows since the last
-      ``reset``. Past that the rank drops them and counts itself in ``rows_not_kept``, a sum over
-      ranks, so every rank takes the same branch at ``compute``. When no rank overflowed the AUC is
-      exact (weighted, ties one half, as ``exact_auc`` on the float32 rows); it costs memory of
-      ``world_size * exact_max_rows`` rows on each rank at ``compute``, and a sort.
+      ranks at ``compute``) while a rank has seen at most its share, ``exact_max_rows //
+      world_size``, since the last ``reset``. Past that the rank drops them and counts itself in
+      ``rows_not_kept``, a sum over ranks, so every rank takes the same branch at ``compute``.
+      When no rank overflowed the AUC is exact (weighted, ties one half, as ``exact_auc`` on the
+      float32 rows): one sort of at most ``exact_max_rows`` gathered rows on each rank, about 80
+      bytes a row at its peak (``_exact_auc_torch``).
     - Weighted histograms of positives and negatives over ``n_bins`` logit bins, always updated:
       float64, 64 KiB with the defaults, summed over ranks. Bins are equally spaced on the logit
       scale over ``[-logit_range, logit_range]`` (logits outside are clamped into the edge bins);
@@ -207,7 +210,7 @@ class BinnedAUC(_KeepsDtypes):
             self.rows_not_kept += x_B.numel()
             return
         kept = self._rows_kept() + x_B.numel()
-        if kept > self.exact_max_rows:
+        if kept > self._rank_cap():
             self._drop_rows(kept)
             return
         self.logits.append(x_B.float())
@@ -232,8 +235,13 @@ class BinnedAUC(_KeepsDtypes):
         # forward() (reset, update on the batch, merge the saved states back) and merge_state()
         # join kept rows outside update: hold those to the cap as well.
         super()._reduce_states(incoming_state)
-        if self._rows_kept() > self.exact_max_rows:
+        if self._rows_kept() > self._rank_cap():
             self._drop_rows(self._rows_kept())
+
+    def _rank_cap(self) -> int:
+        """This rank's share of ``exact_max_rows``: the gathered rows never pass it in all."""
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return self.exact_max_rows // world
 
     def compute(self) -> torch.Tensor:
         auc = _histogram_auc(self.pos_hist, self.neg_hist)
@@ -242,13 +250,9 @@ class BinnedAUC(_KeepsDtypes):
         if float(self.rows_not_kept) > 0:
             self._warn_binned()
         elif not (isinstance(self.logits, list) and not self.logits):
-            x = dim_zero_cat(self.logits).double()
-            y = dim_zero_cat(self.labels).double()
-            w = dim_zero_cat(self.weights).double()
+            x = dim_zero_cat(self.logits)
             if x.numel() > 0:
-                one_group = torch.zeros_like(x, dtype=torch.long)
-                num, pos, neg = _grouped_auc_torch(one_group, x, w * y, w * (1 - y))
-                auc = num[0] / (pos[0] * neg[0])  # 0/0 = nan with one class, as the histogram's
+                auc = _exact_auc_torch(x, dim_zero_cat(self.labels), dim_zero_cat(self.weights))
         return torch.where(self.n_nan > 0, torch.full_like(auc, math.nan), auc).float()
 
     def _warn_binned(self) -> None:
@@ -256,11 +260,10 @@ class BinnedAUC(_KeepsDtypes):
             return
         self._warned = True
         rank_zero_warn(
-            f"BinnedAUC: a rank saw more than exact_max_rows={self.exact_max_rows} rows since the last "
-            f"reset ({float(self.rows_not_kept):.0f} rows not kept over all ranks), so this AUC is the "
-            f"binned one ({self.n_bins} logit bins; off by up to ~2e-2 when scores crowd). Raise "
-            "exact_max_rows (model.auc_exact_max_rows; 12 bytes a row per rank, gathered on every rank at "
-            "compute) or run "
+            f"BinnedAUC: more than exact_max_rows={self.exact_max_rows} rows (in all ranks) since the "
+            f"last reset ({float(self.rows_not_kept):.0f} rows not kept), so this AUC is the binned "
+            f"one ({self.n_bins} logit bins; off by up to ~2e-2 when scores crowd). Raise "
+            "model.auc_exact_max_rows (about 80 bytes a row on every rank at compute) or run "
             "`recformer evaluate` for the exact AUC."
         )
 
@@ -387,6 +390,26 @@ class GroupAUC(_KeepsDtypes):
         auc_G = num_G[used_G] / (pos_G * neg_G)[used_G]
         gw_G = (pos_G + neg_G)[used_G]
         return ((gw_G * auc_G).sum() / gw_G.sum()).float()
+
+
+def _exact_auc_torch(x_R: torch.Tensor, y_R: torch.Tensor, w_R: torch.Tensor) -> torch.Tensor:
+    """Weighted AUC of float32 scores with ties one half, from one sort: per run of equal scores
+    its positive and negative weight (float64), then each positive run against the negatives below.
+    About 80 bytes a row at its peak with the gathered rows; nan with one class (0/0)."""
+    order = torch.argsort(x_R)
+    x_R = x_R[order]
+    new_run_R = torch.ones_like(x_R, dtype=torch.bool)
+    new_run_R[1:] = x_R[1:] != x_R[:-1]
+    del x_R
+    run_R = new_run_R.cumsum(0) - 1
+    n_runs = int(run_R[-1]) + 1  # syncs: compute runs once per validation, not per step
+    del new_run_R
+    w_R, y_R = w_R[order].double(), y_R[order].double()
+    del order
+    pos_U = torch.zeros(n_runs, dtype=torch.float64, device=w_R.device).index_add_(0, run_R, w_R * y_R)
+    neg_U = torch.zeros(n_runs, dtype=torch.float64, device=w_R.device).index_add_(0, run_R, w_R * (1 - y_R))
+    neg_below_U = neg_U.cumsum(0) - neg_U
+    return (pos_U * (neg_below_U + 0.5 * neg_U)).sum() / (pos_U.sum() * neg_U.sum())
 
 
 def _grouped_auc_torch(

@@ -90,9 +90,10 @@ class RankerModule(pl.LightningModule):
                 history plus an MLP), "popularity" (a learned per-item positive rate).
             compile: ``torch.compile`` the model in place (``nn.Module.compile``: state-dict keys
                 are unchanged, DESIGN section 7).
-            auc_exact_max_rows: Rows per rank for which val/auc and test/auc are exact (12 bytes
-                each, gathered on every rank once per validation); past it they are binned (4096
-                logit bins) and say so. train/auc is always binned: it only watches the trend.
+            auc_exact_max_rows: Rows (over all ranks) up to which val/auc and test/auc are exact:
+                12 bytes each in memory, gathered on every rank once per validation, about 80 at
+                the peak of that; past it they are binned (4096 logit bins) and say so. train/auc
+                is always binned: it only watches the trend.
         """
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;

@@ -506,8 +506,8 @@ def test_binned_auc_undefined_cases_stay_nan():
 
 
 def _auc_ddp_worker(rank: int, world: int, init_file: str, data_file: str, out_dir: str, cut: int) -> None:
-    """Rank 0 updates on rows ``:cut``, rank 1 on ``cut:``, under a cap only rank 0 passes and under
-    one neither does."""
+    """Rank 0 updates on rows ``:cut``, rank 1 on ``cut:``, under a cap whose per-rank share (half)
+    only rank 0 passes and under one neither does."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -515,7 +515,7 @@ def _auc_ddp_worker(rank: int, world: int, init_file: str, data_file: str, out_d
         sl = slice(0, cut) if rank == 0 else slice(cut, None)
         values = {}
         for cap in (cut - 1, cut):
-            m = BinnedAUC(exact_max_rows=cap)
+            m = BinnedAUC(exact_max_rows=world * cap)  # each rank keeps up to its share, cap
             m.update(x[sl], y[sl], w[sl])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

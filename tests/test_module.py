@@ -698,6 +698,14 @@ def test_a_run_that_fails_at_its_start_leaves_no_run_folder(tiny_data, tmp_path,
     assert recformer_main(args) == 2
     assert "warmup_steps=10" in capsys.readouterr().err
     assert not list((tmp_path / "recformer").glob("version_*"))
+
+    def missing_column(raw):
+        raw["dense"].append({"name": "nope"})
+
+    bad = _respec(tiny_data, tmp_path / "bad", missing_column)  # found at the DataModule's set-up
+    assert recformer_main(fit_args(bad, tmp_path)) == 2
+    assert "'nope'" in capsys.readouterr().err
+    assert not list((tmp_path / "recformer").glob("version_*"))
     cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))  # the next run is version_0
     assert Path(cli.trainer.log_dir).name == "version_0"
 
