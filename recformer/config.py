@@ -23,6 +23,9 @@ import yaml
 # Feature spec: the Parquet log contract
 # ----------------------------------------------------------------------------------------------
 
+_VOCAB = "vocab "
+"""How ``FeatureSpec.encoding`` starts a string vocabulary's digest."""
+
 OOV_ROW = 0
 """Row 0 of every id table is the reserved out-of-vocabulary (and padding) row; id ``i`` maps to
 row ``i + 1``. Unknown ids are counted by the reader, never dropped."""
@@ -249,7 +252,8 @@ class FeatureSpec:
         events = self.sequence.categorical if self.sequence else []
         for f in [*self.categorical, *self.item.features, *events]:
             if f.vocab is not None:
-                out[f.name] = "vocab " + hashlib.sha1("\n".join(f.vocab).encode()).hexdigest()[:12]
+                text = "\n".join(str(v) for v in f.vocab)
+                out[f.name] = _VOCAB + hashlib.sha1(text.encode()).hexdigest()[:12]
         return out
 
     # -- YAML ----------------------------------------------------------------------------------
@@ -312,7 +316,8 @@ class FeatureDims:
     refuses data whose columns differ even where the sizes agree. Empty in checkpoints written
     before it was kept; only sizes are compared then."""
     encoding: dict[str, str] = field(default_factory=dict)
-    """Dense normalisation and string-vocabulary digests by column (``FeatureSpec.encoding``)."""
+    """Dense normalisation and string-vocabulary digests by column (``FeatureSpec.encoding``): another
+    vocabulary is refused (``mismatch``), another normalisation warned of (``encoding_changes``)."""
 
     def mismatch(self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint") -> str | None:
         """What makes data of these dims unfit for a model built with ``ckpt``'s, or None."""
@@ -323,6 +328,18 @@ class FeatureDims:
                 if self.columns.get(k, []) != ckpt.columns.get(k, [])
             ]
             return "other columns feed the model (" + "; ".join(diff) + ")"
+        # A string vocabulary in another order maps every value to another embedding row.
+        vocabs = [
+            f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
+            for k in sorted(set(self.encoding) & set(ckpt.encoding))
+            if self.encoding[k] != ckpt.encoding[k] and ckpt.encoding[k].startswith(_VOCAB)
+        ]
+        if vocabs:
+            return (
+                "other string vocabularies, whose values would read other embedding rows ("
+                + "; ".join(vocabs)
+                + ")"
+            )
         ours, other = asdict(self), asdict(ckpt)
         sizes = [k for k in ours if k not in ("columns", "encoding") and ours[k] != other[k]]
         if sizes:
@@ -334,7 +351,7 @@ class FeatureDims:
         self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint"
     ) -> list[str]:
         """Columns whose values reach the model encoded otherwise than in training."""
-        both = set(self.encoding) & set(ckpt.encoding)
+        both = {k for k in set(self.encoding) & set(ckpt.encoding) if not ckpt.encoding[k].startswith(_VOCAB)}
         return [
             f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
             for k in sorted(both)

@@ -45,15 +45,16 @@ def check_features(
     data_name: str,
     ckpt_name: str,
     labels: tuple[str, str] = ("data", "checkpoint"),
+    warn: bool = True,
 ) -> None:
     """Refuse data whose features a model built from ``ckpt``'s dims cannot read as it was trained
-    to (other columns, other sizes); warn where a column's values are encoded otherwise (dense
-    normalisation, string vocabulary order), which the sizes do not show."""
+    to (other columns, other sizes, string vocabularies in another order); warn (``warn``: one rank
+    of several) where a dense column is normalised otherwise, which the sizes do not show."""
     wrong = data.mismatch(ckpt, *labels)
     if wrong:
         raise DataError(f"{data_name} does not match {ckpt_name}: {wrong}")
     changed = data.encoding_changes(ckpt, *labels)
-    if changed:
+    if changed and warn:
         log.warning(
             "%s encodes some columns otherwise than %s was trained on (the model sees shifted inputs): %s",
             data_name,
@@ -162,7 +163,8 @@ class RankerModule(pl.LightningModule):
         # features says so, instead of a state-dict size mismatch or, worse, loading fine.
         saved = checkpoint.get("hyper_parameters", {}).get("dims")
         if saved is not None:
-            check_features(self.dims, FeatureDims(**saved), "the data", "the checkpoint")
+            first = self._trainer is None or self._trainer.is_global_zero
+            check_features(self.dims, FeatureDims(**saved), "the data", "the checkpoint", warn=first)
 
     def on_fit_start(self) -> None:
         # Here, not in setup: Lightning knows the checkpoint a fit resumes from only after setup.
@@ -237,13 +239,14 @@ class RankerModule(pl.LightningModule):
 
     def on_predict_end(self) -> None:
         dm = self.trainer.datamodule
-        if self._oov is None or dm is None or not hasattr(dm, "oov_fields"):
+        if dm is None or not hasattr(dm, "oov_fields"):
             return
-        counts = self._oov
+        # A rank that got no rows (fewer rows than ranks) still joins the sum, or the others wait.
+        counts = self._oov if self._oov is not None else torch.zeros(len(dm.oov_fields), device=self.device)
         if self.trainer.world_size > 1:
             counts = self.trainer.strategy.reduce(counts.float(), reduce_op="sum")
         unknown = {name: int(n) for name, n in zip(dm.oov_fields, counts.tolist()) if n}
-        if unknown:
+        if unknown and self.trainer.is_global_zero:
             log.warning("predict: unknown ids mapped to the OOV row (scored, not dropped): %s", unknown)
         self._oov = None
 

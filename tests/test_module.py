@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import lightning.pytorch as pl
 import numpy as np
@@ -215,6 +216,20 @@ def test_a_checkpoint_refuses_data_whose_columns_differ_where_sizes_agree(
     said = capsys.readouterr().err
     assert "the data does not match the checkpoint: other columns feed the model (dense:" in said
     assert "Traceback" not in said
+
+    def reorder(raw):
+        raw["categorical"][1]["vocab"] = raw["categorical"][1]["vocab"][::-1]  # device: same size
+
+    with pytest.raises(
+        DataError, match=r"other string vocabularies, whose values would read other embedding rows \(device"
+    ):
+        evaluate(
+            ckpt,
+            _respec(tiny_data, tmp_path / "reorder", reorder),
+            split="test",
+            batch_size=32,
+            num_workers=0,
+        )
 
     def renorm(raw):
         raw["dense"][1]["std"] = 3.0
@@ -717,3 +732,17 @@ def test_a_mid_epoch_resume_prints_no_false_alarm(tiny_data, tmp_path, recwarn):
     cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_steps=6", f"--ckpt_path={last}"))
     said = [str(w.message) for w in recwarn]
     assert not [m for m in said if "not resumable" in m], said
+
+
+def test_a_rank_without_predict_rows_still_joins_the_unknown_id_sum(tiny_data):
+    """Fewer rows than ranks: a rank runs no predict batch, yet the others wait in the reduce."""
+    dm = RecDataModule(str(tiny_data), num_workers=0)
+    m = RankerModule(ranker=TINY, dims=dm.feature_dims)
+    reduce = mock.Mock(side_effect=lambda t, reduce_op: t + 1)
+    trainer = SimpleNamespace(
+        datamodule=dm, world_size=2, is_global_zero=False, strategy=SimpleNamespace(reduce=reduce)
+    )
+    with mock.patch.object(RankerModule, "trainer", trainer):
+        m.on_predict_end()
+    reduce.assert_called_once()
+    assert reduce.call_args.args[0].tolist() == [0.0] * len(dm.oov_fields)
