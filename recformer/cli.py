@@ -106,9 +106,10 @@ class RecformerCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config["trainer"]
         if trainer.get("logger") in (False, []):  # None is Lightning's default logger
-            root = Path(trainer.get("default_root_dir") or ".") / "recformer"
-            taken = [int(d.name[8:]) for d in root.glob("version_*") if d.name[8:].isdigit()]
-            trainer["default_root_dir"] = str(root / f"version_{max(taken, default=-1) + 1}")
+            # CSVLogger's own numbering of <root>/recformer/version_N (it creates nothing here).
+            trainer["default_root_dir"] = CSVLogger(
+                trainer.get("default_root_dir") or ".", name="recformer"
+            ).log_dir
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = super().instantiate_trainer(**kwargs)

@@ -329,11 +329,7 @@ class FeatureDims:
             ]
             return "other columns feed the model (" + "; ".join(diff) + ")"
         # A string vocabulary in another order maps every value to another embedding row.
-        vocabs = [
-            f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
-            for k in sorted(set(self.encoding) & set(ckpt.encoding))
-            if self.encoding[k] != ckpt.encoding[k] and ckpt.encoding[k].startswith(_VOCAB)
-        ]
+        vocabs = self._encoding_diffs(ckpt, mine, theirs, vocab=True)
         if vocabs:
             return (
                 "other string vocabularies, whose values would read other embedding rows ("
@@ -350,12 +346,16 @@ class FeatureDims:
     def encoding_changes(
         self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint"
     ) -> list[str]:
-        """Columns whose values reach the model encoded otherwise than in training."""
-        both = {k for k in set(self.encoding) & set(ckpt.encoding) if not ckpt.encoding[k].startswith(_VOCAB)}
+        """Dense columns whose values reach the model normalised otherwise than in training."""
+        return self._encoding_diffs(ckpt, mine, theirs, vocab=False)
+
+    def _encoding_diffs(self, ckpt: FeatureDims, mine: str, theirs: str, vocab: bool) -> list[str]:
+        """Columns encoded in both whose encodings differ: string vocabularies or the others."""
+        both = sorted(set(self.encoding) & set(ckpt.encoding))
         return [
             f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
-            for k in sorted(both)
-            if self.encoding[k] != ckpt.encoding[k]
+            for k in both
+            if self.encoding[k] != ckpt.encoding[k] and ckpt.encoding[k].startswith(_VOCAB) == vocab
         ]
 
 

@@ -182,12 +182,12 @@ class BinnedAUC(_KeepsDtypes):
         self.add_state("weights", [], dist_reduce_fx="cat")
         self.add_state("rows_not_kept", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self._overflowed = False  # host-side twin of rows_not_kept > 0 on this rank: no sync
-        self._kept = (0, 0)  # (rows, tensors) in the lists when last counted
+        self._n_kept = 0  # rows in the lists, counted on the host from shapes: no sync
         self._warned = False
 
     def reset(self) -> None:
         super().reset()
-        self._overflowed, self._kept = False, (0, 0)
+        self._overflowed, self._n_kept = False, 0
 
     def update(
         self, preds_logits_B: torch.Tensor, target_B: torch.Tensor, weight_B: torch.Tensor | None = None
@@ -209,34 +209,28 @@ class BinnedAUC(_KeepsDtypes):
         if self._overflowed:
             self.rows_not_kept += x_B.numel()
             return
-        kept = self._rows_kept() + x_B.numel()
+        kept = self._n_kept + x_B.numel()
         if kept > self._rank_cap():
             self._drop_rows(kept)
             return
         self.logits.append(x_B.float())
         self.labels.append(y_B.float())
         self.weights.append(w_B.float())
-        self._kept = (kept, len(self.logits))
-
-    def _rows_kept(self) -> int:
-        """Rows in the lists, from their shapes: known on the host, no sync. Recounted only when the
-        list length is not the one last seen (a recount every step would cost O(steps**2))."""
-        if len(self.logits) != self._kept[1]:
-            self._kept = (sum(t.numel() for t in self.logits), len(self.logits))
-        return self._kept[0]
+        self._n_kept = kept
 
     def _drop_rows(self, n_rows: int) -> None:
         self.rows_not_kept += n_rows
         for rows in (self.logits, self.labels, self.weights):
             rows.clear()
-        self._overflowed, self._kept = True, (0, 0)
+        self._overflowed, self._n_kept = True, 0
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         # forward() (reset, update on the batch, merge the saved states back) and merge_state()
         # join kept rows outside update: hold those to the cap as well.
         super()._reduce_states(incoming_state)
-        if self._rows_kept() > self._rank_cap():
-            self._drop_rows(self._rows_kept())
+        self._n_kept = sum(t.numel() for t in self.logits)
+        if self._n_kept > self._rank_cap():
+            self._drop_rows(self._n_kept)
 
     def _rank_cap(self) -> int:
         """This rank's share of ``exact_max_rows``: the gathered rows never pass it in all."""

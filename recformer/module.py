@@ -219,12 +219,17 @@ class RankerModule(pl.LightningModule):
         dm = self.trainer.datamodule
         if self._oov is None or dm is None or not hasattr(dm, "oov_fields"):
             return
-        counts = self._oov.float()
-        if self.trainer.world_size > 1:  # once per epoch, every rank: sum the ranks' counts
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        for name, value in zip(dm.oov_fields, counts):
+        for name, value in zip(dm.oov_fields, self._oov_over_ranks(len(dm.oov_fields))):
             self.log(OOV.format(field=name), value, on_step=False, on_epoch=True, sync_dist=False)
+
+    def _oov_over_ranks(self, n_fields: int) -> torch.Tensor:
+        """The unknown-id counts summed since the last call, summed over the ranks (every rank calls
+        it, one without rows with zeros, or the others wait in the reduce); then cleared."""
+        counts = (self._oov if self._oov is not None else torch.zeros(n_fields, device=self.device)).float()
         self._oov = None
+        if self.trainer.world_size > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        return counts
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._shared_step(batch, "val")
@@ -241,14 +246,11 @@ class RankerModule(pl.LightningModule):
         dm = self.trainer.datamodule
         if dm is None or not hasattr(dm, "oov_fields"):
             return
-        # A rank that got no rows (fewer rows than ranks) still joins the sum, or the others wait.
-        counts = self._oov if self._oov is not None else torch.zeros(len(dm.oov_fields), device=self.device)
-        if self.trainer.world_size > 1:
-            counts = self.trainer.strategy.reduce(counts.float(), reduce_op="sum")
+        # A rank that got no rows (fewer rows than ranks) still joins the sum.
+        counts = self._oov_over_ranks(len(dm.oov_fields))
         unknown = {name: int(n) for name, n in zip(dm.oov_fields, counts.tolist()) if n}
         if unknown and self.trainer.is_global_zero:
             log.warning("predict: unknown ids mapped to the OOV row (scored, not dropped): %s", unknown)
-        self._oov = None
 
     # -- non-finite guard ----------------------------------------------------------------------
     def configure_gradient_clipping(
