@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import linecache
 import os
@@ -75,19 +76,48 @@ def main(argv: list[str] | None = None) -> int:
         from recformer.doctor import main as doctor_main
 
         return int(doctor_main(argv[1:]) or 0)
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+
+    from recformer.callbacks.preemption import EXIT_SIGTERM
     from recformer.cli import cli_main
 
+    command = f"recformer {argv[0]}"
     try:
         cli_main(None if argv == sys.argv[1:] else argv)
-    except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
-        if os.environ.get("RECFORMER_TRACEBACK", "0") not in ("", "0") or not _deliberate(e):
+    except SIGTERMException as e:  # a SystemExit without a code: the process would exit 0
+        saved = getattr(e, "checkpoint", None)
+        where = (
+            f"at step {e.step}; the state is in {saved} (resume: --ckpt_path {saved})"
+            if saved is not None
+            else "(no recformer.callbacks.preemption.SaveOnSigterm callback: nothing saved)"
+        )
+        print(f"{command}: stopped by SIGTERM {where}", file=sys.stderr)
+        return EXIT_SIGTERM
+    except (FileNotFoundError, ValueError, MisconfigurationException) as e:  # DataError is a ValueError
+        if _traceback_wanted() or not _deliberate(e):
             raise
         # A bad setting, path or input file: its message names it. A traceback on top hides that
         # line under fifty others; RECFORMER_TRACEBACK=1 brings it back.
-        print(f"recformer {argv[0]}: error: {e}", file=sys.stderr)
-        print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
-        return 2
+        return _one_line(command, str(e))
+    except OSError as e:
+        if _traceback_wanted() or e.errno not in _ENVIRONMENT_ERRNOS:
+            raise
+        return _one_line(command, f"cannot write {e.filename or 'a file'}: {e.strerror}")
     return 0
+
+
+_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+"""OS errors that are about the machine (permissions, read-only or full disks), not a bug."""
+
+
+def _traceback_wanted() -> bool:
+    return os.environ.get("RECFORMER_TRACEBACK", "0") not in ("", "0")
+
+
+def _one_line(command: str, message: str) -> int:
+    print(f"{command}: error: {message}", file=sys.stderr)
+    print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
+    return 2
 
 
 def _deliberate(e: BaseException) -> bool:

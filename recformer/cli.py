@@ -14,10 +14,16 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.rank_zero import _get_rank
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.sink import HEALTH_FILE
+from recformer.checkpoints import AtomicCheckpointIO, is_remote, read_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.module import RankerModule
 
@@ -44,17 +50,28 @@ def quiet_known_false_alarms() -> None:
 
 
 _NEW_RUN_DIRS: list[Path] = []
-"""Run folders of this process's trainers that did not exist when the trainer was made (rank 0),
-for ``cli_main`` to remove if the run stops on a bad setting or input before it writes a result."""
+"""Run folders this process made (rank 0), for ``cli_main`` to remove if the run stops on a bad
+setting or input before it writes a result."""
+_TRAINERS: list[Any] = []
+"""Trainers this process made; their W&B run folders go with a removed run folder."""
 _START_FILES = {"config.yaml", "hparams.yaml"}
-"""What a run writes before its first step; with an empty ``health.jsonl`` and empty folders, a run
-folder holding only these has no result in it."""
+"""What a run writes before its first step."""
+_RUN_LOGGERS = ("lightning.pytorch.loggers.CSVLogger", "lightning.pytorch.loggers.TensorBoardLogger")
+"""Loggers whose ``version_N`` folder is the run's own folder (``claim_version``)."""
 
 
 def holds_no_result(run: Path) -> bool:
-    """``run`` holds nothing but what a run writes at its start (or is missing or empty)."""
-    files = [p for p in run.rglob("*") if p.is_file()]
-    return all(p.name in _START_FILES or (p.name == HEALTH_FILE and p.stat().st_size == 0) for p in files)
+    """``run`` holds nothing but what a run writes at its start: its configs, a ``health.jsonl`` with
+    only its ``meta`` line, a ``metrics.csv`` with only its header, empty folders (or is missing)."""
+    for p in (p for p in run.rglob("*") if p.is_file()):
+        if p.name in _START_FILES:
+            continue
+        if p.name == HEALTH_FILE and all('"meta"' in line for line in p.read_text().splitlines()):
+            continue
+        if p.name == "metrics.csv" and len(p.read_text().splitlines()) <= 1:
+            continue
+        return False
+    return True
 
 
 def own_run_dir(trainer: Any) -> Path | None:
@@ -67,9 +84,52 @@ def own_run_dir(trainer: Any) -> Path | None:
     return Path(first.log_dir) if isinstance(first, CSVLogger | TensorBoardLogger) else None
 
 
+def _is_launch_rank_zero() -> bool:
+    """This process is global rank 0, as far as the environment tells before any strategy runs
+    (Lightning's own rule, plus the node rank of its multi-node launcher)."""
+    node = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")) or 0)
+    return _get_rank() in (None, 0) and node == 0
+
+
+def claim_version(root: Path) -> Path:
+    """The next free ``root/version_N``, made here. ``mkdir`` fails for all but one of several
+    processes that try the same name, so two runs started at once get a folder each (CSVLogger's
+    own numbering lists the folders and gave both version_0)."""
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        _NEW_RUN_DIRS.append(root / f"version_{n}")
+        return root / f"version_{n}"
+
+
+def remove_runs_without_result() -> None:
+    """Remove the run folders this process made that hold no result, with their W&B runs."""
+    removed = False
+    for run_dir in _NEW_RUN_DIRS:
+        if holds_no_result(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            removed = True
+    if removed:
+        for trainer in _TRAINERS:
+            for logger in trainer.loggers:
+                folder = getattr(logger, "run_folder", None)
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
 class LoggedSaveConfig(SaveConfigCallback):
     """Saves the resolved config in the run's own directory (never another run's) and sends it to
     every logger that takes one (W&B)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "predict":  # scoring is not a run: it writes its predictions file only
+            super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         config = self.parser.dump(self.config, skip_none=False, format="yaml")
@@ -83,7 +143,12 @@ class LoggedSaveConfig(SaveConfigCallback):
 
 class _OneLineErrors(LightningArgumentParser):
     """A bad setting is one line naming it and where to see them all, not the usage of every
-    setting (60 lines) above it."""
+    setting (60 lines) above it. No prefix matching: ``--trainer.max_step`` is an unknown setting,
+    not ``max_steps``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
@@ -94,25 +159,136 @@ class _OneLineErrors(LightningArgumentParser):
         self.exit(2)
 
 
+RUNTIME_SETTINGS = ("compile", "auc_exact_max_rows")
+"""Model settings that do not change what a checkpoint computes: given with ``--ckpt_path`` they
+apply; every other ``model.*`` setting comes from the checkpoint."""
+_CKPT_KEYWORDS = ("last", "best", "hpc", "registry")
+"""``ckpt_path`` values Lightning resolves itself."""
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings / Namespaces as ``{"a.b": leaf}``."""
+    items = vars(value).items() if hasattr(value, "__dict__") and not isinstance(value, type) else None
+    if isinstance(value, dict):
+        items = value.items()
+    if items is None:
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        if not str(k).startswith("__"):
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
+
+
 class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        self._given_args = (
+            list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        )
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """A checkpoint's model settings replace the config's, as Lightning's own version does, but a
+        ``model.*`` setting the user gave that the checkpoint contradicts is refused by name (it was
+        silently replaced), and an unreadable file is one line, not torch's traceback."""
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt_path or str(ckpt_path).split(":")[0] in _CKPT_KEYWORDS:
+            return
+        hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        given = self._given_model_settings(sub)
+        saved = _leaves(hparams)
+        clashes = [
+            f"--model.{key}={value!r} (the checkpoint's: {saved[key]!r})"
+            for key, value in given.items()
+            if key.split(".")[0] not in RUNTIME_SETTINGS
+            and key in saved
+            and _plain(value) != _plain(saved[key])
+        ]
+        if clashes:
+            fresh = "; or train a new model without --ckpt_path" if sub == "fit" else ""
+            raise ValueError(
+                f"--ckpt_path {ckpt_path} was trained with other model settings than given: "
+                f"{', '.join(clashes)}. A checkpoint keeps the model settings it was trained with: drop "
+                f"them{fresh}"
+            )
+        self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        for key, value in given.items():  # compile, auc_exact_max_rows: the user's value applies
+            if key.split(".")[0] in RUNTIME_SETTINGS:
+                self.config[sub]["model"][key] = value
+
+    def _given_model_settings(self, sub: str) -> dict[str, Any]:
+        """The ``model.*`` settings given on the command line or in ``--config`` files (not defaults)."""
+        if self._given_args is None:
+            return {}
+        given = self.parser.parse_args(self._given_args, defaults=False)[sub].get("model")
+        return {k: v for k, v in _leaves(given).items() if v is not None} if given is not None else {}
+
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "predict":
+            parser.add_argument(
+                "--output",
+                type=str | None,
+                default=None,
+                help="Parquet file for the scores (default: predictions-<split>-<checkpoint name>.parquet "
+                "in the checkpoint's run folder)",
+            )
+            parser.add_argument("--overwrite", type=bool, default=False, help="Replace an existing --output")
+        return parser
+
     def before_instantiate_classes(self) -> None:
-        # Without loggers Lightning writes a run's files (config.yaml, checkpoints/, health.jsonl,
-        # predictions) straight into default_root_dir: the next such run stopped on the config
-        # already there, and would have mixed its checkpoints with the first one's. It gets the
-        # run folder a CSVLogger would have made instead.
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config["trainer"]
-        if trainer.get("logger") in (False, []):  # None is Lightning's default logger
-            # CSVLogger's own numbering of <root>/recformer/version_N (it creates nothing here).
-            trainer["default_root_dir"] = CSVLogger(
-                trainer.get("default_root_dir") or ".", name="recformer"
-            ).log_dir
+        if self.subcommand == "predict":
+            # Scoring makes no run of its own (no run folder, no W&B run): its root is the run folder
+            # of the checkpoint it scores, where the predictions go (ParquetPredictionWriter).
+            trainer["logger"] = False
+            ckpt = config.get("ckpt_path")
+            if ckpt and not is_remote(ckpt) and Path(ckpt).is_file():
+                trainer["default_root_dir"] = str(run_folder_of(Path(ckpt)))
+                return
+        loggers = trainer.get("logger")
+        if not _is_launch_rank_zero():
+            return
+        if loggers in (False, []):  # None is Lightning's default logger
+            # Without loggers Lightning writes a run's files (config.yaml, checkpoints/,
+            # health.jsonl, predictions) straight into default_root_dir, where the next such run
+            # would mix its files with this one's: it gets a version_N folder of its own.
+            trainer["default_root_dir"] = str(
+                claim_version(Path(trainer.get("default_root_dir") or ".") / "recformer")
+            )
+            return
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            args = getattr(logger, "init_args", None)
+            if (
+                getattr(logger, "class_path", None) in _RUN_LOGGERS
+                and args is not None
+                and args.get("version") is None
+            ):
+                root = Path(args.get("save_dir") or ".") / (args.get("name") or "")
+                args["version"] = int(claim_version(root).name.removeprefix("version_"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = super().instantiate_trainer(**kwargs)
+        _TRAINERS.append(trainer)
+        # Checkpoints written in place (see recformer.checkpoints), unless a plugin brought its own IO.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if self.subcommand != "fit":  # they never save outside fit; restored, they warn of a changed dirpath
+            trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, ModelCheckpoint)]
         run_dir = own_run_dir(trainer)
         if trainer.is_global_zero and run_dir is not None and not run_dir.exists():
             _NEW_RUN_DIRS.append(run_dir)
@@ -125,6 +301,20 @@ class RecformerCLI(LightningCLI):
         config = self.config_init["predict"]
         if config.get("return_predictions") is None:
             config["return_predictions"] = False
+        writers = [cb for cb in self.trainer.callbacks if isinstance(cb, ParquetPredictionWriter)]
+        for writer in writers:
+            writer.output = config.get("output") or writer.output
+            writer.overwrite = bool(config.get("overwrite")) or writer.overwrite
+            writer.checkpoint = config.get("ckpt_path")
+        if config.get("output") and not writers:
+            raise ValueError(
+                "--output needs the recformer.callbacks.predictions.ParquetPredictionWriter callback"
+            )
+
+
+def run_folder_of(ckpt: Path) -> Path:
+    """The run folder a checkpoint belongs to: the folder above ``checkpoints/``, else its own."""
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
@@ -145,13 +335,12 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
             run=run,
             auto_configure_optimizers=False,
         )
-    except (ValueError, FileNotFoundError):  # a bad setting or input (DataError is a ValueError)
+    except (ValueError, FileNotFoundError, MisconfigurationException):  # a bad setting or input
         # A run stopped by one before it wrote a result leaves no version_N folder holding only
-        # its config (the next run's number would skip it; doctor would find nothing there). An
-        # interrupted or crashed run keeps its folder, whatever it holds.
-        for run_dir in _NEW_RUN_DIRS:
-            if holds_no_result(run_dir):
-                shutil.rmtree(run_dir, ignore_errors=True)
+        # its config (the next run's number would skip it; doctor would find nothing there), nor
+        # a W&B run. An interrupted or crashed run keeps its folder, whatever it holds.
+        remove_runs_without_result()
         raise
     finally:
         _NEW_RUN_DIRS.clear()
+        _TRAINERS.clear()

@@ -262,8 +262,14 @@ class FeatureSpec:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"feature spec {path} does not exist")
-        with open(path) as fh:
-            raw = yaml.safe_load(fh)
+        try:
+            with open(path) as fh:
+                raw = yaml.safe_load(fh)
+        except yaml.YAMLError as e:  # bad syntax, or a tag such as !!python/object (never loaded)
+            mark = getattr(e, "problem_mark", None)
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"feature spec {path}: not a plain YAML mapping{at}: {problem}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"feature spec {path}: expected a YAML mapping, found {type(raw).__name__}")
         known = {f.name for f in fields(cls)} - {"path"}
@@ -443,6 +449,9 @@ class RankerConfig:
         return out
 
     def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_layers < 1:
@@ -520,3 +529,10 @@ class OptimConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if not self.eps > 0:
+            raise ValueError(f"eps={self.eps} must be > 0")
+        for name in ("weight_decay", "grad_clip"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 = off)")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps={self.max_nonfinite_steps} must be >= 1")

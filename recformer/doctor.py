@@ -20,6 +20,7 @@ loss_spikes                health/loss_spike > 0; Adam second moments checked fo
 weight_norm_runaway        a block's weight norm grows >= WEIGHT_GROWTH over the 2nd half, rising
                            at >= RISING_FRACTION of the log steps
 nonfinite_steps            health/nonfinite_steps > 0
+nonfinite_loss             train/loss or val/loss NaN or Inf at a logged step (with the check above)
 =========================  ===================================================================
 
 "Median" statistics are over the last third of the run's log points (the 2nd half where stated),
@@ -546,28 +547,48 @@ def check_weight_norm(run: RunMetrics) -> list[Finding] | None:
 
 
 def check_nonfinite(run: RunMetrics) -> list[Finding] | None:
+    """Steps skipped for non-finite gradients (the module's guard), and logged losses that were
+    NaN or Inf (a run from before the guard also skipped NaN losses with finite gradients had
+    those with a zero count). Needs the health counter: a run without it gets no verdict here."""
     count = run.get(mn.NONFINITE_STEPS)
     if count is None:
         return None
+    findings = []
     total = float(np.nanmax(count.values))
-    if total <= 0:
-        return []
-    rose = np.nonzero(np.diff(np.concatenate([[0.0], count.values])) > 0)[0]
-    since = [int(count.steps[k - 1]) + 1 if k else 1 for k in rose]
-    intervals = [f"{a}-{int(count.steps[k])}" for a, k in zip(since, rose)]
-    return [
-        Finding(
-            "nonfinite_steps",
-            f"{int(total)} optimizer step(s) skipped for non-finite gradients",
-            mn.NONFINITE_STEPS,
-            steps=[int(count.steps[k]) for k in rose],
-            evidence=[
-                f"{mn.NONFINITE_STEPS}: reached {int(total)}; new ones in steps " + ", ".join(intervals)
-            ],
-            advice="NaN/Inf gradients: look for extreme or NaN inputs in those batches, lower the LR, "
-            "turn on qk_norm, or keep the loss in float32 under bf16.",
+    if total > 0:
+        rose = np.nonzero(np.diff(np.concatenate([[0.0], count.values])) > 0)[0]
+        since = [int(count.steps[k - 1]) + 1 if k else 1 for k in rose]
+        intervals = [f"{a}-{int(count.steps[k])}" for a, k in zip(since, rose)]
+        findings.append(
+            Finding(
+                "nonfinite_steps",
+                f"{int(total)} optimizer step(s) skipped for non-finite gradients or loss",
+                mn.NONFINITE_STEPS,
+                steps=[int(count.steps[k]) for k in rose],
+                evidence=[
+                    f"{mn.NONFINITE_STEPS}: reached {int(total)}; new ones in steps " + ", ".join(intervals)
+                ],
+                advice="NaN/Inf gradients or loss: look for extreme or NaN inputs or sample weights in "
+                "those batches, lower the LR, turn on qk_norm, or keep the loss in float32 under bf16.",
+            )
         )
-    ]
+    for name in (mn.TRAIN_LOSS, mn.VAL_LOSS):
+        s = run.get(name)
+        bad = ~np.isfinite(s.values) if s is not None else np.zeros(0, bool)
+        if bad.any():
+            steps = [int(x) for x in s.steps[bad]]
+            findings.append(
+                Finding(
+                    "nonfinite_loss",
+                    f"{name} was NaN or Inf at {len(steps)} logged step(s)",
+                    name,
+                    steps=steps,
+                    evidence=[f"{name}: non-finite at steps " + ", ".join(map(str, steps[:20]))],
+                    advice="A loss overflowed or met a NaN: look for extreme sample weights or inputs in "
+                    "those batches (the guard skips such a step and counts it in health/nonfinite_steps).",
+                )
+            )
+    return findings
 
 
 CHECKS = (
@@ -578,7 +599,7 @@ CHECKS = (
     ("update_ratio", "update-to-weight ratio in band", check_update_ratio),
     ("loss_spikes", "loss spikes and Adam recovery", check_spikes),
     ("weight_norm", "weight-norm runaway", check_weight_norm),
-    ("nonfinite_steps", "non-finite steps", check_nonfinite),
+    ("nonfinite_steps", "non-finite steps and losses", check_nonfinite),
 )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pickle
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recformer.checkpoints import check_checkpoint_path, unreadable_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.data.schema import DataError
 from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
@@ -28,25 +30,16 @@ from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
 def load_module(ckpt: str | Path, device: str = "cpu"):
     from recformer.module import RankerModule
 
-    path = Path(ckpt)
-    if path.is_dir():
-        raise FileNotFoundError(f"checkpoint {path} is a folder; expected a .ckpt file in it")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    check_checkpoint_path(ckpt, "checkpoint")
     try:
-        module = RankerModule.load_from_checkpoint(path, map_location=device, weights_only=True)
+        module = RankerModule.load_from_checkpoint(ckpt, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
         # Only what says the file itself is not a checkpoint (another kind of file, empty,
-        # truncated); a device or state-dict error keeps its own message and traceback.
-        unreadable = ("PytorchStreamReader", "zip archive", "Invalid argument")
-        if isinstance(e, RuntimeError | OSError) and not any(s in str(e) for s in unreadable):
+        # truncated, pickled code); a device or state-dict error keeps its message and traceback.
+        said = unreadable_checkpoint(ckpt, e)
+        if said is None:
             raise
-        text = "" if isinstance(e, pickle.UnpicklingError) else str(e).strip()[:200]
-        said = f": {text}" if text else ""
-        raise ValueError(
-            f"{path} is not a readable checkpoint written by recformer fit ({type(e).__name__}{said}); "
-            "another kind of file, or truncated?"
-        ) from None
+        raise said from None
     return module.eval()
 
 
@@ -212,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compare", default=None, help="a second checkpoint: paired DeLong test of the AUC difference"
     )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     a = p.parse_args(argv)
     for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
         if value < least:
@@ -222,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    out = Path(a.out) if a.out else Path(a.ckpt).parent / f"eval-{a.split}.json"
+    refused = output_refused(out, a.overwrite)
+    if refused:  # before the evaluation, not after it
+        print(f"recformer evaluate: {refused}", file=sys.stderr)
+        return 2
     try:
         r = evaluate(
             a.ckpt, a.data, a.split, a.batch_size, a.num_workers, a.device, a.max_rows_in_memory, a.compare
@@ -229,9 +228,39 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"recformer evaluate: {e}", file=sys.stderr)
         return 2
-    out = Path(a.out) if a.out else Path(a.ckpt).parent / f"eval-{a.split}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2, default=float))
-    print(format_table(r))
+    print(format_table(r))  # the result first: a failed write must not cost it
+    try:
+        write_json_atomic(out, r)
+    except OSError as e:
+        print(f"recformer evaluate: could not write {out} ({e.strerror}); the results:", file=sys.stderr)
+        print(json.dumps(r, indent=2, default=float))
+        return 2
     print(f"wrote {out}")
     return 0
+
+
+def output_refused(out: Path, overwrite: bool) -> str | None:
+    """Why ``out`` cannot be written (a folder, an existing file without ``overwrite``, a folder that
+    cannot be made or written), or None."""
+    if out.is_dir():
+        return f"--out {out} is a folder; expected a file path"
+    if out.exists() and not overwrite:
+        return f"--out {out} exists; pass --overwrite to replace it, or choose another path"
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot make the folder of --out {out}: {e.strerror}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write --out {out}: the folder {folder} is not writable"
+    return None
+
+
+def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
+    """``value`` as JSON at ``path``, written beside it first and renamed (never a half file)."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(value, indent=2, default=float))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
@@ -64,6 +65,8 @@ class SafeWandbLogger(WandbLogger):
         """
         self.disabled = False
         self._reason = ""
+        self.run_folder: Path | None = None
+        """This run's W&B folder, once W&B has started (removed with a run refused at its start)."""
         env = os.environ.get("WANDB_MODE")
         explicit = {True: "online", False: "offline", None: None}[online]
         mode = (env or "offline") if env == "disabled" or explicit is None else explicit
@@ -99,7 +102,10 @@ class SafeWandbLogger(WandbLogger):
     @property
     @_guarded
     def experiment(self) -> Any:  # type: ignore[override]
-        return super().experiment
+        exp = super().experiment
+        if self.run_folder is None and getattr(exp, "dir", None):
+            self.run_folder = Path(exp.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
+        return exp
 
     @rank_zero_only
     @_guarded

@@ -18,8 +18,9 @@ LOSS_Z_MAX = "health/loss_z_max"
 LOSS_EMA = "health/loss_ema"
 NONFINITE_STEPS = "health/nonfinite_steps"
 
-# Training loss as the module logs it (f"{stage}/loss").
+# Losses as the module logs them (f"{stage}/loss").
 TRAIN_LOSS = "train/loss"
+VAL_LOSS = "val/loss"
 
 # Throughput.
 SAMPLES_PER_S = "perf/samples_per_s"

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import asdict, replace
 from typing import Any, Literal
@@ -24,7 +25,7 @@ from torchmetrics import MetricCollection
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.data.batch import Batch
 from recformer.data.schema import DataError
-from recformer.metric_names import OOV
+from recformer.metric_names import OOV, TRAIN_LOSS
 from recformer.metrics import (
     DEFAULT_AUC_EXACT_MAX_ROWS,
     BinnedAUC,
@@ -195,7 +196,8 @@ class RankerModule(pl.LightningModule):
         metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
         metrics.update(logits_B.detach(), batch.label, w_B)
         if stage == "train":
-            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(batch))
+            self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(batch))
+            loss = self._poison_if_nonfinite(loss)
         else:
             eval_loss = self.val_loss if stage == "val" else self.test_loss
             eval_loss.update(logits_B.detach(), batch.label, w_B)
@@ -208,8 +210,28 @@ class RankerModule(pl.LightningModule):
             self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch), prog_bar=bar)
         return loss
 
+    def _poison_if_nonfinite(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss``, unchanged when finite; when not, with NaN put into one parameter's gradient.
+
+        A non-finite loss can have finite, even zero, gradients (two huge but finite sample
+        weights: their sum overflows, the loss is inf / inf and every gradient w / inf = 0), so
+        the gradient-norm guard would let the step through, and under DDP the other ranks would
+        not know. ``t - t.detach()`` with ``t = sum(p * s)`` is 0 in value and has gradient ``s``
+        with respect to ``p``: ``s`` = 0 while the loss is finite (value and gradients exactly
+        unchanged), NaN when it is not. DDP's gradient all-reduce then carries the NaN to every
+        rank, and every rank's guard skips the step and counts it. No host sync: all on device."""
+        p = self._sentinel
+        s = torch.where(torch.isfinite(loss.detach()), 0.0, float("nan")).to(p.dtype)
+        t = (p * s).sum()
+        return loss + (t - t.detach()).to(loss.dtype)
+
+    @functools.cached_property
+    def _sentinel(self) -> torch.nn.Parameter:
+        """The smallest trainable parameter (cheapest to touch every step)."""
+        return min((p for p in self.net.parameters() if p.requires_grad), key=lambda p: p.numel())
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        # Unknown ids in the rows trained on this epoch, per id field: summed on the device, read once
+        # Unknown ids in the rows trained on this epoch, per id field: summed on the device, logged
         # at epoch end. Rows a rank repeats to match the others' batch count (DDP) count again; the
         # exact count per split is the DataModule's set-up check (validate='full').
         self._oov = batch.oov if self._oov is None else self._oov + batch.oov
@@ -217,19 +239,24 @@ class RankerModule(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         dm = self.trainer.datamodule
-        if self._oov is None or dm is None or not hasattr(dm, "oov_fields"):
+        if dm is None or not hasattr(dm, "oov_fields"):
             return
-        for name, value in zip(dm.oov_fields, self._oov_over_ranks(len(dm.oov_fields))):
-            self.log(OOV.format(field=name), value, on_step=False, on_epoch=True, sync_dist=False)
+        counts = self._take_oov(len(dm.oov_fields))
+        # Summed over ranks by Lightning's own epoch-end metric sync (sync_dist with on_step=False
+        # reduces when the epoch's metrics are computed), never by a collective of this hook: the
+        # progress bar computes those metrics on rank 0 alone, inside the callbacks' epoch-end
+        # hooks, so a reduce here met rank 0's metric all_gather and both ranks waited for good.
+        for name, value in zip(dm.oov_fields, counts):
+            self.log(
+                OOV.format(field=name), value, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True
+            )
 
-    def _oov_over_ranks(self, n_fields: int) -> torch.Tensor:
-        """The unknown-id counts summed since the last call, summed over the ranks (every rank calls
-        it, one without rows with zeros, or the others wait in the reduce); then cleared."""
-        counts = (self._oov if self._oov is not None else torch.zeros(n_fields, device=self.device)).float()
+    def _take_oov(self, n_fields: int) -> torch.Tensor:
+        """The unknown-id counts summed on this rank since the last call (zeros without rows), as
+        float32; then cleared."""
+        counts = self._oov if self._oov is not None else torch.zeros(n_fields, device=self.device)
         self._oov = None
-        if self.trainer.world_size > 1:
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        return counts
+        return counts.float()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._shared_step(batch, "val")
@@ -246,8 +273,11 @@ class RankerModule(pl.LightningModule):
         dm = self.trainer.datamodule
         if dm is None or not hasattr(dm, "oov_fields"):
             return
-        # A rank that got no rows (fewer rows than ranks) still joins the sum.
-        counts = self._oov_over_ranks(len(dm.oov_fields))
+        # Predict logs no metrics, so no other collective can interleave with this one; a rank that
+        # got no rows (fewer rows than ranks) still joins the sum.
+        counts = self._take_oov(len(dm.oov_fields))
+        if self.trainer.world_size > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
         unknown = {name: int(n) for name, n in zip(dm.oov_fields, counts.tolist()) if n}
         if unknown and self.trainer.is_global_zero:
             log.warning("predict: unknown ids mapped to the OOV row (scored, not dropped): %s", unknown)

@@ -419,6 +419,7 @@ def test_prediction_writer_writes_uint64_keys_back_as_uint64(tmp_path):
     keys = torch.from_numpy(np.stack([hashed.view(np.int64), np.array([-1, 0, 7])], axis=1))
     pred = {"keys": keys, "score": torch.rand(3), "logit": torch.zeros(3), "label": torch.ones(3)}
     w = ParquetPredictionWriter(str(tmp_path / "p.parquet"))
+    w.setup(trainer, None, "predict")
     w.write_on_batch_end(trainer, None, pred, None, None, 0, 0)
     w.on_predict_end(trainer, None)
     t = pq.read_table(tmp_path / "p.parquet")

@@ -244,3 +244,16 @@ def test_an_all_nan_gradient_ratio_is_not_called_starvation(tmp_path, capsys):
     main([str(run), "--no-plots", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert not [f for f in report["findings"] if f["check"] == "bottom_starvation"]
+
+
+def test_a_nan_loss_is_a_finding_even_with_no_step_counted(tmp_path, capsys):
+    """The run of the bug report: train/loss NaN at two steps while health/nonfinite_steps stayed 0
+    (a NaN loss with zero gradients passed the gradient guard); it had got a clean bill."""
+    run = tmp_path / "nan_loss"
+    run.mkdir()
+    loss = {20: "nan", 40: "nan"}
+    rows = "".join(f"{s},{loss.get(s, 0.6)},0\n" for s in range(10, 110, 10))
+    (run / "metrics.csv").write_text(f"step,train/loss,{mn.NONFINITE_STEPS}\n" + rows)
+    assert main([str(run), "--no-plots", "--json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["check"], f["steps"]) for f in findings] == [("nonfinite_loss", [20, 40])]

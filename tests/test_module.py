@@ -174,12 +174,24 @@ def test_evaluate_and_predict_from_a_checkpoint(tiny_data, tmp_path):
         evaluate(
             ckpt, tiny_data, split="test", batch_size=32, num_workers=0, max_rows_in_memory=89, compare=ckpt
         )
-    pred_cli = cli_main(predict_args(tiny_data, tmp_path / "p", ckpt))
-    pred = pq.read_table(Path(pred_cli.trainer.log_dir) / "predictions.parquet").to_pydict()
+    run = ckpt.parent.parent
+    args = predict_args(tiny_data, tmp_path / "p", ckpt)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    pred_cli = cli_main(args)
+    # Beside the checkpoint it scores, in its run folder; no run folder, config or W&B run of its own.
+    out = run / "predictions-test-last.parquet"
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert set(after) - set(before) == {out.relative_to(tmp_path)}
+    pred = pq.read_table(out).to_pydict()
     assert sorted(pred["row_id"]) == list(range(635, 725))  # every test row, with its keys
     assert all(0 < s < 1 for s in pred["score"])
     assert not pred_cli.trainer.predict_loop._return_predictions  # streamed, not also held in memory
-    assert not list(Path(pred_cli.trainer.log_dir).glob("*.partial"))
+    # A second predict refuses to replace the file; --output names another; --overwrite replaces.
+    with pytest.raises(ValueError, match="predictions-test-last.parquet exists"):
+        cli_main(predict_args(tiny_data, tmp_path / "p", ckpt))
+    cli_main([*predict_args(tiny_data, tmp_path / "p", ckpt), f"--output={tmp_path / 'mine.parquet'}"])
+    assert pq.read_table(tmp_path / "mine.parquet").num_rows == 90
+    cli_main([*predict_args(tiny_data, tmp_path / "p", ckpt), "--overwrite=true"])
 
 
 def _respec(src: Path, dst: Path, edit) -> Path:

@@ -1,6 +1,12 @@
 """Writes ``predict`` scores with their sample keys to Parquet, streaming (bounded memory: the CLI
 runs predict with ``return_predictions=False``).
 
+Where: ``output`` if given (``recformer predict --output FILE``), else
+``predictions-<split>-<checkpoint name>.parquet`` in the run folder of the checkpoint it scores
+(``recformer predict`` runs with the checkpoint's run folder as its root and no loggers, so
+scoring makes no run of its own). An existing file is never replaced without ``overwrite``;
+that is checked before the first batch, for every rank's file.
+
 Rows go to ``<file>.partial`` while predict runs; the file gets its final name only when predict
 has finished, so a file under the final name is always complete. If predict fails, the rows
 written so far are closed into a readable ``.partial`` file and a warning names it."""
@@ -16,37 +22,49 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from recformer.data.schema import CHECKSUMS
+
 log = logging.getLogger(__name__)
 
 
+def rank_file(base: Path, rank: int, world: int) -> Path:
+    """Rank ``rank``'s file of ``base`` under DDP (``<stem>-rank<r><suffix>``); ``base`` alone."""
+    return base if world == 1 else base.with_name(f"{base.stem}-rank{rank}{base.suffix}")
+
+
 class ParquetPredictionWriter(BasePredictionWriter):
-    def __init__(self, output: str | None = None):
+    def __init__(self, output: str | None = None, overwrite: bool = False):
         """
         Args:
-            output: Parquet file for the scores; default ``<log_dir>/predictions.parquet``. Under DDP
-                each rank writes ``<stem>-rank<r>.parquet`` beside it.
+            output: Parquet file for the scores; default ``predictions-<split>-<checkpoint
+                name>.parquet`` in the scored checkpoint's run folder. Under DDP each rank writes
+                ``<stem>-rank<r>.parquet`` beside it.
+            overwrite: Replace an existing file (otherwise predict stops before it starts).
         """
         super().__init__(write_interval="batch")
         self.output = output
+        self.overwrite = overwrite
         self._writer: pq.ParquetWriter | None = None
-        self._log_dir: str | None = None
         self._rows = 0
         self.path: Path | None = None
         """The final file (``<file>.partial`` until predict has finished)."""
+        self.checkpoint: str | None = None
+        """The checkpoint predict scores (set by the CLI: Lightning restores it only after setup)."""
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        # trainer.log_dir broadcasts under DDP: every rank asks here, even one with no batches.
-        if stage == "predict":
-            self._log_dir = trainer.log_dir
-
-    def _open(self, trainer: Any, schema: pa.Schema) -> None:
-        base = Path(self.output) if self.output else Path(self._log_dir or ".") / "predictions.parquet"
-        if trainer.world_size > 1:
-            base = base.with_name(f"{base.stem}-rank{trainer.global_rank}{base.suffix}")
-        base.parent.mkdir(parents=True, exist_ok=True)
-        self.path = base
-        self._rows = 0
-        self._writer = pq.ParquetWriter(self._partial(), schema)
+        if stage != "predict":
+            return
+        log_dir = trainer.log_dir  # broadcasts under DDP: every rank asks, even one with no batches
+        name = default_name(trainer, self.checkpoint or getattr(trainer, "ckpt_path", None))
+        base = Path(self.output) if self.output else Path(log_dir or ".") / name
+        world = trainer.world_size
+        taken = [str(p) for p in (rank_file(base, r, world) for r in range(world)) if p.exists()]
+        if taken and not self.overwrite:  # every rank sees every rank's file: all stop, or none
+            raise ValueError(
+                f"predictions file {', '.join(taken)} exists; predict would replace it. Name another "
+                "with --output, or pass --overwrite"
+            )
+        self.path = rank_file(base, trainer.global_rank, world)
 
     def _partial(self) -> Path:
         assert self.path is not None
@@ -64,7 +82,10 @@ class ParquetPredictionWriter(BasePredictionWriter):
         cols.update({k: prediction[k].float().cpu().numpy() for k in ("score", "logit", "label")})
         table = pa.table(cols)
         if self._writer is None:
-            self._open(trainer, table.schema)
+            assert self.path is not None, "ParquetPredictionWriter.setup did not run for predict"
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._rows = 0
+            self._writer = pq.ParquetWriter(self._partial(), table.schema, **CHECKSUMS)
         self._writer.write_table(table)
         self._rows += table.num_rows
 
@@ -84,3 +105,10 @@ class ParquetPredictionWriter(BasePredictionWriter):
                 self._partial(),
                 self.path,
             )
+
+
+def default_name(trainer: Any, ckpt: str | None) -> str:
+    """``predictions-<split>[-<checkpoint name>].parquet``."""
+    dm = getattr(trainer, "datamodule", None)
+    split = getattr(dm, "predict_split", None) or "predict"
+    return f"predictions-{split}" + (f"-{Path(ckpt).stem}" if ckpt else "") + ".parquet"

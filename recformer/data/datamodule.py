@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import multiprocessing as mp
+import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -208,7 +209,7 @@ class RecDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         shuffle_window: int = 32768,
         drop_last: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
         validate: Literal["full", "footer"] = "full",
         predict_split: str = "test",
     ):
@@ -225,7 +226,8 @@ class RecDataModule(pl.LightningDataModule):
             shuffle: Reshuffle training row groups and rows every epoch, seeded by (seed, epoch).
             shuffle_window: Rows decoded and shuffled together by a worker (rounded to whole batches).
             drop_last: Drop the last partial training batch.
-            seed: Seed of the shuffle.
+            seed: Seed of the shuffle; None (the default) = the run's ``seed_everything``, so one
+                seed makes a run (data order included).
             validate: "full" decodes every row at set-up to check values; "footer" checks schemas and
                 footers only (values are still checked as batches are read).
             predict_split: Split that ``predict`` scores.
@@ -244,6 +246,11 @@ class RecDataModule(pl.LightningDataModule):
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"data.{name}={value}; expected a positive number of rows per batch")
+        least = {"shuffle_window": (shuffle_window, 1), "num_workers": (num_workers, 0)}
+        least["prefetch_factor"] = (prefetch_factor, 1)
+        for name, (value, low) in least.items():
+            if value < low:
+                raise ValueError(f"data.{name}={value}; expected an integer >= {low}")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
         self.num_workers = num_workers
@@ -252,7 +259,7 @@ class RecDataModule(pl.LightningDataModule):
         self.shuffle = shuffle
         self.shuffle_window = shuffle_window
         self.drop_last = drop_last
-        self.seed = seed
+        self.seed = seed if seed is not None else global_seed()
         self.validate = validate
         self.predict_split = predict_split
         self.splits: dict[str, SplitIndex] = {}
@@ -434,6 +441,12 @@ class RecDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream(self.predict_split, train=False))
+
+
+def global_seed() -> int:
+    """The seed ``seed_everything`` set in this process (LightningCLI calls it before it builds the
+    DataModule, in every DDP rank), else 0."""
+    return int(os.environ.get("PL_GLOBAL_SEED", "0") or 0)
 
 
 def _worker_check(e: DataError) -> str | None:

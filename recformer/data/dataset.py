@@ -230,12 +230,25 @@ class ParquetStream(IterableDataset):
                     f"{where}: could not open ({e}); this process has run out of file descriptors "
                     f"(it keeps up to {open_file_cap()} Parquet files open); raise `ulimit -n`"
                 ) from None
-            raise DataError(f"{where}: could not read ({e}); truncated or corrupt file?") from None
+            raise DataError(
+                f"{where}: could not read{self._bad_column(g)} ({e}); truncated or corrupt file?"
+            ) from None
         if table.num_rows != g.rows:
             raise DataError(f"{where}: read {table.num_rows} rows, the footer promised {g.rows}")
         decoded = self.decoder.decode(table, where)
         self._cached = (g, decoded)
         return decoded
+
+    def _bad_column(self, g: RowGroup) -> str:
+        """`` column 'x'``: the first spec column of row group ``g`` that fails to read on its own
+        (a page whose checksum or compressed data is damaged), or "" if none does alone."""
+        pf = self._open(g.file)
+        for column in self.spec.columns():
+            try:
+                pf.read_row_group(g.index, columns=[column], use_threads=False)
+            except (OSError, ValueError):
+                return f" column {column!r}"
+        return ""
 
     def _open(self, file: int) -> pq.ParquetFile:
         """File ``file`` of the split, opened once and kept open while it is among the
@@ -244,7 +257,8 @@ class ParquetStream(IterableDataset):
         if pf is None:
             while len(self._files) >= open_file_cap():
                 self._files.popitem(last=False)[1].close()
-            pf = pq.ParquetFile(self.index.files[file])
+            # Pages written with a CRC (every recformer writer: schema.CHECKSUMS) are verified.
+            pf = pq.ParquetFile(self.index.files[file], page_checksum_verification=True)
         self._files[file] = pf
         return pf
 

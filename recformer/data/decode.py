@@ -599,7 +599,7 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
     if not path.is_file():
         raise DataError(f"item side table {path} (item.side_table in {spec.path}) does not exist")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"item side table {path}: not a readable Parquet file ({e})") from None
     where = Where(str(path))

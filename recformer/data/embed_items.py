@@ -30,6 +30,7 @@ from recformer.data.movielens import (
     read_source_csv,
     repo_path,
 )
+from recformer.data.schema import CHECKSUMS
 
 INSTALL_HINT = "pip install -e '.[embed]'"
 
@@ -87,7 +88,7 @@ def embed_items(source: Path, out: Path, batch_size: int = 128, device: str = "c
     emb_ND = embed_texts(texts, batch_size=batch_size, device=device)
     table = embedding_table(items.column("movie_id").to_numpy(), emb_ND)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out, compression="zstd", compression_level=19, row_group_size=4096)
+    pq.write_table(table, out, compression="zstd", compression_level=19, row_group_size=4096, **CHECKSUMS)
     return table
 
 

@@ -51,7 +51,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
-from recformer.data.schema import required
+from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +264,7 @@ def attach_content(items: pa.Table, items_path: Path) -> pa.Table:
             f"{items_path} does not exist: it holds the item content embeddings "
             "(make it with `recformer data embed-items`, or pass --items)"
         )
-    emb = pq.read_table(items_path)
+    emb = pq.read_table(items_path, page_checksum_verification=True)
     for col in ("movie_id", "content_emb"):
         if col not in emb.column_names:
             raise ValueError(f"{items_path}: missing column {col!r}; found {emb.column_names}")
@@ -460,7 +460,7 @@ def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table) -> Feat
 
 def _write(table: pa.Table, path: Path) -> None:
     table = table.cast(required(table.schema))
-    pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+    pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS, compression="zstd", **CHECKSUMS)
 
 
 def _split_tables(log: Log) -> dict[str, pa.Table]:

@@ -92,7 +92,7 @@ def summarize_split(
     """Counts of one split from its files' footers (schemas already checked) and label columns."""
     s = SplitSummary(split_dir.name, split_dir)
     for path, meta in footers:
-        f = pq.ParquetFile(path, metadata=meta)
+        f = pq.ParquetFile(path, metadata=meta, page_checksum_verification=True)
         schema = f.schema_arrow
         s.files += 1
         s.row_groups += meta.num_row_groups

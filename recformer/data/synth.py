@@ -101,7 +101,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
-from recformer.data.schema import required
+from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
 
 # ----------------------------------------------------------------------------------------------
@@ -177,6 +177,7 @@ PARQUET_OPTIONS = dict(
         "hist_item_ids.list.element",
     ],
     use_byte_stream_split=["user_activity", "item_age", "hist_gaps.list.element"],
+    **CHECKSUMS,
 )
 COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
 """Codecs ``--compression`` takes (the pyarrow wheels ship all four)."""
@@ -711,7 +712,9 @@ def write_synth(
             positives[name] = pos / total
     bar.close()
 
-    with pq.ParquetWriter(out / "items.parquet", world.item_table(0, 0).schema, compression="zstd") as w:
+    with pq.ParquetWriter(
+        out / "items.parquet", world.item_table(0, 0).schema, compression="zstd", **CHECKSUMS
+    ) as w:
         for a in range(0, p.items, CHUNK_ROWS):
             w.write_table(world.item_table(a, min(a + CHUNK_ROWS, p.items)), row_group_size=CHUNK_ROWS)
     make_spec(p, world, dense / p.rows).save(out / "spec.yaml")
