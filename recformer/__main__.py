@@ -91,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
             if saved is not None
             else "(no recformer.callbacks.preemption.SaveOnSigterm callback: nothing saved)"
         )
-        print(f"{command}: stopped by SIGTERM {where}", file=sys.stderr)
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if getattr(rank_zero_only, "rank", 0) == 0:  # every DDP rank stops; one line says so
+            print(f"{command}: stopped by SIGTERM {where}", file=sys.stderr)
         return EXIT_SIGTERM
     except (FileNotFoundError, ValueError, MisconfigurationException) as e:  # DataError is a ValueError
+        e = _check_behind(e)
         if _traceback_wanted() or not _deliberate(e):
             raise
         # A bad setting, path or input file: its message names it. A traceback on top hides that
@@ -118,6 +122,28 @@ def _one_line(command: str, message: str) -> int:
     print(f"{command}: error: {message}", file=sys.stderr)
     print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
     return 2
+
+
+CONFIG_SECTIONS = {"RankerConfig": "model.ranker", "OptimConfig": "model.optim"}
+"""Where a config dataclass sits in the CLI's settings, to name a setting its check refuses."""
+
+
+def _check_behind(e: BaseException) -> BaseException:
+    """The check behind a jsonargparse error: a config's ``__post_init__`` refusing a value reaches
+    the user wrapped in jsonargparse's "Does not validate against any of the Union subtypes" and
+    the value's repr (8 lines); the check's own sentence, with its section, is the useful line."""
+    inner = e
+    while inner.__cause__ or inner.__context__:
+        inner = inner.__cause__ or inner.__context__
+        tb = inner.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None and tb.tb_frame.f_code.co_name == "__post_init__" and isinstance(inner, ValueError):
+            section = CONFIG_SECTIONS.get(type(tb.tb_frame.f_locals.get("self")).__name__)
+            if section is not None and "Union subtypes" in str(e):
+                named = ValueError(f"{section}: {inner}")
+                return named.with_traceback(inner.__traceback__)
+    return e
 
 
 def _deliberate(e: BaseException) -> bool:

@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument("--data", required=True, help="data directory with spec.yaml and the split folder")
     p.add_argument("--split", default="test", help="split folder under --data (default: test)")
-    p.add_argument("--out", default=None, help="JSON output (default: <ckpt dir>/eval-<split>.json)")
+    p.add_argument(
+        "--out", default=None, help="JSON output (default: <ckpt dir>/eval-<split>-<ckpt name>.json)"
+    )
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default: 4096)")
     p.add_argument("--num-workers", type=int, default=1, help="loader worker processes (default: 1)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    out = Path(a.out) if a.out else Path(a.ckpt).parent / f"eval-{a.split}.json"
+    out = Path(a.out) if a.out else Path(a.ckpt).parent / f"eval-{a.split}-{Path(a.ckpt).stem}.json"
     refused = output_refused(out, a.overwrite)
     if refused:  # before the evaluation, not after it
         print(f"recformer evaluate: {refused}", file=sys.stderr)

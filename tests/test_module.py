@@ -7,7 +7,6 @@ import csv
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from recformer.data.schema import DataError
 from recformer.evaluate import compare_aucs, evaluate, format_table
 from recformer.metrics import exact_auc
 from recformer.module import RankerModule
+from tests._subprocess import run_recformer
 from tests.conftest import write_tiny_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -513,31 +513,56 @@ def test_wandb_failure_never_stops_training(tiny_data, tmp_path, monkeypatch):
     assert any(r.get("val/auc") for r in read_metrics(Path(cli.trainer.log_dir)))  # CSV has the run
 
 
-def test_two_process_ddp_fit_through_the_cli(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+def _with_unknown_items(data: Path, n: int) -> None:
+    """Give the first ``n`` rows of the first train file an item id outside the vocabulary."""
+    part = sorted((data / "train").glob("*.parquet"))[0]
+    t = pq.read_table(part)
+    items = t.column("item_id").to_numpy().copy()
+    items[:n] = 10_000  # vocab_size is 50
+    col = t.schema.get_field_index("item_id")
+    pq.write_table(t.set_column(col, t.schema.field("item_id"), pa.array(items)), part, row_group_size=64)
+
+
+@pytest.mark.parametrize("train_files", [(300, 170), (300, 171)], ids=["even", "uneven"])
+def test_two_process_ddp_fit_with_every_default(tmp_path, train_files):
+    """``recformer fit`` on 2 gloo ranks exactly as a user runs it: configs/trainer.yaml's loggers
+    (CSV and W&B offline), its callbacks, the progress bar, loader workers. The rank-0 progress bar
+    computes the epoch metrics inside the callbacks' epoch-end hooks; a collective of the module's
+    own there (the unknown-id sum) met its all_gather and both ranks waited for good."""
     # 121 validation rows: 61 and 60 on the two ranks.
-    data = write_tiny_data(tmp_path / "data", train_files=(300, 170), val_rows=121, test_rows=30)
-    args = fit_args(
-        data,
-        tmp_path,
+    data = write_tiny_data(tmp_path / "data", train_files=train_files, val_rows=121, test_rows=30)
+    _with_unknown_items(data, 7)
+    args = [
+        "fit",
+        f"--config={ROOT / 'configs/model/tiny.yaml'}",
+        f"--data.data_dir={data}",
+        "--data.batch_size=64",
+        "--model.optim.warmup_steps=2",
+        "--trainer.accelerator=cpu",
         "--trainer.devices=2",
         "--trainer.strategy=ddp",
-        "--trainer.max_epochs=1",
-        "--data.num_workers=1",
-    )
-    args = [a for a in args if a != "--trainer.devices=1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "recformer", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+        "--trainer.max_epochs=2",
+        "--trainer.log_every_n_steps=2",
+    ]
+    proc = run_recformer(args, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted((tmp_path / "recformer").glob("version_*"))
+    assert "Epoch 1: 100%" in proc.stdout  # the progress bar was on (Lightning draws it on stdout)
+    runs = sorted((tmp_path / "runs" / "recformer").glob("version_*"))
     assert len(runs) == 1  # rank 0 only writes the run directory
+    assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))  # W&B's offline run
+    ckpts = {p.name for p in (runs[0] / "checkpoints").glob("*.ckpt")}
+    assert "last.ckpt" in ckpts and any(c.startswith("epoch1-") for c in ckpts), ckpts
     rows = read_metrics(runs[0])
-    assert any(r.get("val/auc") for r in rows)
-    assert (runs[0] / "checkpoints" / "last.ckpt").is_file()
-    # The loss is the weighted logloss over all 121 rows (it had been divided by 2 x 60 rows).
     val = [r for r in rows if r.get("val/loss")]
-    assert val and all(float(r["val/loss"]) == pytest.approx(float(r["val/logloss"]), rel=1e-6) for r in val)
+    # The loss is the weighted logloss over all 121 rows (it had been divided by 2 x 60 rows).
+    assert len(val) == 2 and all(float(r["val/loss"]) == pytest.approx(float(r["val/logloss"])) for r in val)
+    oov = [float(r["data/oov/item_id"]) for r in rows if r.get("data/oov/item_id")]
+    if sum(train_files) % 2 == 0:  # no row repeated to even the ranks: the 7 rows, once per epoch
+        assert oov == [7.0, 7.0]
+    else:  # one rank repeats one row of the epoch's order; it counts again if it is one of the 7
+        assert len(oov) == 2 and all(v in (7.0, 8.0) for v in oov)
+    health = [json.loads(line) for line in (runs[0] / "health.jsonl").read_text().splitlines()]
+    assert any("health/grad_norm/block_0" in r for r in health)
 
 
 @pytest.mark.parametrize("precision, fused", [("16-mixed", False), ("bf16-mixed", None), ("32-true", None)])

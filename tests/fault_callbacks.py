@@ -1,0 +1,32 @@
+"""Callbacks that inject faults into a real ``recformer fit`` (named by class path on the command
+line of the fault suite, ``tests/test_faults.py``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+
+
+class SignalAt(pl.Callback):
+    """Sends ``signal`` to this process when optimizer step ``step`` is done, on rank ``rank``."""
+
+    def __init__(self, step: int, signal: str = "SIGKILL", rank: int = 0):
+        self.step, self.signal, self.rank = step, signal, rank
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class HugeWeightsAt(pl.Callback):
+    """Gives two rows of the batch of step ``step`` on rank ``rank`` a finite but huge sample
+    weight: the loss is inf / inf = NaN while every gradient is w / inf = 0."""
+
+    def __init__(self, step: int, rank: int = 0):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            batch.weight[:2] = 3.0e38
