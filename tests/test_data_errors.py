@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 
 from recformer.__main__ import main
 from recformer.config import FeatureSpec
@@ -420,3 +421,32 @@ def test_a_misspelled_spec_key_is_named_with_the_known_ones(data):
     )
     with pytest.raises(ValueError, match=r"CategoricalField: unknown keys \['vocab_sise'\]"):
         FeatureSpec.load(spec)
+
+
+def _string_side_feature(data: Path, values) -> Path:
+    """The side table's ``cluster`` feature as strings of a vocabulary (as a user writes a year
+    or a genre), with the spec saying so."""
+    raw = yaml.safe_load((data / "spec.yaml").read_text())
+    raw["item"]["features"] = [{"name": "cluster", "vocab": ["c0", "c1", "c2", "c3", "c4"]}]
+    (data / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    t = pq.read_table(data / "items.parquet")
+    pq.write_table(set_col(t, "cluster", values(t["cluster"].to_numpy())), data / "items.parquet")
+    return data
+
+
+def test_a_string_vocabulary_on_a_side_table_feature_reads_like_the_others(data, capsys):
+    _string_side_feature(data, lambda c: pa.array([f"c{v}" if v != 4 else "new" for v in c]))
+    _, feats = RecDataModule(str(data)).item_tables()
+    cluster = np.arange(50) % 5
+    expected = np.where(cluster == 4, 0, cluster + 1)  # "new" is not in the vocabulary: OOV row 0
+    assert feats[1:, 0].tolist() == expected.tolist()  # row i + 1 holds item i
+    assert main(["data", "summary", str(data)]) == 0
+    assert "side table" in capsys.readouterr().out
+
+
+def test_a_side_table_feature_of_the_wrong_type_is_refused_by_loader_and_summary(data, capsys):
+    _string_side_feature(data, lambda c: pa.array(c.astype(np.int16)))  # ints where strings are due
+    with pytest.raises(DataError, match=r"items.parquet: column 'cluster' has type int16, expected string"):
+        RecDataModule(str(data)).item_tables()
+    assert main(["data", "summary", str(data)]) == 2
+    assert "items.parquet: column 'cluster' has type int16, expected string" in capsys.readouterr().err

@@ -110,6 +110,8 @@ class ParquetStream(IterableDataset):
     """Rows decoded and shuffled together (rounded up to a multiple of batch_size)."""
     drop_last: bool = False
     plan: StreamPlan = field(default_factory=StreamPlan)
+    verify_checksums: bool = True
+    """Verify the CRC-32 of every data page that has one (``schema.CHECKSUMS``)."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -258,7 +260,7 @@ class ParquetStream(IterableDataset):
             while len(self._files) >= open_file_cap():
                 self._files.popitem(last=False)[1].close()
             # Pages written with a CRC (every recformer writer: schema.CHECKSUMS) are verified.
-            pf = pq.ParquetFile(self.index.files[file], page_checksum_verification=True)
+            pf = pq.ParquetFile(self.index.files[file], page_checksum_verification=self.verify_checksums)
         self._files[file] = pf
         return pf
 

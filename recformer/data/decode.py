@@ -33,6 +33,7 @@ from recformer.data.schema import (
     check_finite,
     check_label,
     check_nonneg_ids,
+    check_side_table_schema,
     key_values,
     list_offsets,
     numeric,
@@ -355,9 +356,10 @@ class Decoder:
     def __init__(self, spec: FeatureSpec):
         self.spec = spec
         self.max_len = spec.sequence.max_len if spec.sequence else 0
+        events = spec.sequence.categorical if spec.sequence else []
         self._vocab = {
             f.name: pa.array(f.vocab, pa.string())
-            for f in spec.categorical + (spec.sequence.categorical if spec.sequence else [])
+            for f in [*spec.categorical, *events, *spec.item.features]
             if f.vocab is not None
         }
         seq = spec.sequence
@@ -603,14 +605,7 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"item side table {path}: not a readable Parquet file ({e})") from None
     where = Where(str(path))
-    cols = (
-        [it.side_id_column]
-        + ([it.content_column] if it.content_column else [])
-        + [f.name for f in it.features]
-    )
-    missing = [c for c in cols if c not in table.column_names]
-    if missing:
-        raise DataError(f"{where}: column(s) {missing} named by item.* in the spec are missing")
+    check_side_table_schema(spec, table.schema, where)
     table = table.combine_chunks()
     ids = numeric(table.column(it.side_id_column).chunk(0), where, it.side_id_column, np.int64)
     check_nonneg_ids(ids, where, it.side_id_column)

@@ -148,6 +148,25 @@ def check_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) -> None:
             raise DataError(f"{where}: column {col!r} has type {found}, expected {desc}")
 
 
+def check_side_table_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) -> None:
+    """The item side table has the spec's item columns (``item.*``), with their types."""
+    it = spec.item
+    exp = {it.side_id_column: (_is_int, "integer item id")}
+    if it.content_column:
+        exp[it.content_column] = (_FLOAT_VEC, f"list of float (length {it.content_dim})")
+    for f in it.features:
+        exp[f.name] = _cat_check(f)
+    missing = [c for c in exp if c not in schema.names]
+    if missing:
+        raise DataError(
+            f"{where}: column(s) {missing} named by item.* in the spec ({spec.path or 'spec'}) are missing; "
+            f"the side table has {sorted(schema.names)}"
+        )
+    for col, (pred, desc) in exp.items():
+        if not pred(schema.field(col).type):
+            raise DataError(f"{where}: column {col!r} has type {schema.field(col).type}, expected {desc}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Values
 # ----------------------------------------------------------------------------------------------

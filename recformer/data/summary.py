@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.config import FeatureSpec
+from recformer.data.decode import load_item_tables
 from recformer.data.schema import DataError, Where, check_label, check_schema, numeric
 from recformer.data.shards import find_split_files, read_footer
 
@@ -143,6 +144,16 @@ def summarize(root: Path) -> tuple[FeatureSpec, list[SplitSummary]]:
     return spec, [summarize_split(root / name, footers[name], spec) for name in split_names]
 
 
+def side_table_summary(spec: FeatureSpec) -> tuple[Path, int, int] | None:
+    """(path, rows, known items without a row) of the item side table, read and checked as the
+    loader reads it (columns, types, ids, vocabularies, values); None without one."""
+    path = spec.side_table_path()
+    if path is None:
+        return None
+    _, _, missing = load_item_tables(spec)
+    return path, spec.item.vocab_size - missing, missing
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summary",
@@ -157,10 +168,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         spec, splits = summarize(args.dir)
+        side = side_table_summary(spec)
     except (FileNotFoundError, ValueError) as e:
         print(f"recformer data summary: error: {e}", file=sys.stderr)
         return 2
     print(f"{args.dir}: label {spec.label!r}, group {spec.group!r}, {spec.item.vocab_size} items")
+    if side is not None:
+        print(f"items  side table {side[0]}: {side[1]} rows, {side[2]} known item(s) without a row")
     for s in splits:
         if not s.files:
             print(
