@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow lint bench quality complexity clean
+.PHONY: install demo test test-slow faults lint bench quality complexity clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: install
 
 test-slow: install
 	@$(BIN)/pytest -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo "no slow tests"; exit 0; fi; exit $$rc
+
+# Fault injection: kills, SIGTERM, killed checkpoint writes, flipped bits, NaN on one rank,
+# unwritable outputs, concurrent runs, W&B unreachable, malicious checkpoints, bad settings.
+faults: install
+	@$(BIN)/pytest -q -m faults; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no fault tests"; exit 1; fi; exit $$rc
 
 lint: install
 	$(BIN)/ruff check recformer tests bench
