@@ -1,0 +1,153 @@
+"""Shape of the code under ``recformer/``, from the AST: the figures issue 17 asks for.
+
+    python bench/code_stats.py            # this checkout
+    python bench/code_stats.py --rev REV  # the tree of a git revision (read with git show)
+
+- layout: lines per package folder and per file;
+- function length (every def, nested ones included, decorators excluded): median, p90, max and
+  the count over 50 and over 60 lines;
+- comment lines (``#``) and docstring lines per line of code (the rest, blank lines aside);
+- how many places define each concept the issue names: ``getattr``/``hasattr`` probes in the
+  module and callbacks, functions that count FLOPs, files that implement muP, literal tuples
+  listing the batch's fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import re
+import statistics
+import subprocess
+import tokenize
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH_FIELDS = {"label", "weight", "group", "target_item", "cat", "dense", "emb", "hist_item", "hist_cat"}
+
+
+def sources(rev: str | None) -> dict[str, str]:
+    """``{path: text}`` of every ``recformer/**/*.py``, in the work tree or at ``rev``."""
+    if rev is None:
+        return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "recformer").rglob("*.py"))}
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", rev, "recformer/"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return {
+        n: subprocess.run(
+            ["git", "show", f"{rev}:{n}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        for n in names
+        if n.endswith(".py")
+    }
+
+
+def _is_string(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
+def line_kinds(text: str, tree: ast.Module) -> tuple[int, int, int]:
+    """(code, comment, docstring) line counts; a line holding code and a comment counts as code."""
+    doc_lines: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        for i, stmt in enumerate(body if isinstance(body, list) else []):
+            # a docstring (first statement), or an attribute docstring after an assignment
+            named = i == 0 or isinstance(body[i - 1], ast.Assign | ast.AnnAssign)
+            if named and _is_string(stmt):
+                doc_lines.update(range(stmt.lineno, stmt.end_lineno + 1))
+    comment, code = set(), set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            comment.add(tok.start[0])
+        elif tok.type not in (
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    code -= doc_lines
+    return len(code), len(comment - code), len(doc_lines)
+
+
+def _field_names(node: ast.Tuple | ast.List) -> set[str]:
+    """String constants of a literal tuple/list, or the first element of each of its tuples."""
+    heads = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
+    return {e.value for e in heads if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+
+
+def stats(files: dict[str, str]) -> dict:
+    lengths, per_folder, per_file = [], defaultdict(int), {}
+    code = comment = doc = probes = flops = 0
+    mup_files, batch_lists = set(), 0
+    for path, text in files.items():
+        tree = ast.parse(text)
+        n = len(text.splitlines())
+        per_file[path] = n
+        per_folder[str(Path(path).parent)] += n
+        c, m, d = line_kinds(text, tree)
+        code, comment, doc = code + c, comment + m, doc + d
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lengths.append(node.end_lineno - node.lineno + 1)
+                if "flops" in node.name:
+                    flops += 1
+            probe = isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr")
+            if probe and (path.startswith("recformer/callbacks") or path.endswith("module.py")):
+                probes += 1
+            if isinstance(node, ast.Tuple | ast.List) and len(_field_names(node) & BATCH_FIELDS) >= 4:
+                batch_lists += 1
+        if re.search(r"\bmup\b|width_mult|readout_mult", text):
+            mup_files.add(path)
+    lengths.sort()
+    return {
+        "files": len(files),
+        "lines": sum(per_file.values()),
+        "folders": dict(sorted(per_folder.items())),
+        "functions": len(lengths),
+        "fn_median": statistics.median(lengths),
+        "fn_p90": lengths[int(0.9 * (len(lengths) - 1))],
+        "fn_max": lengths[-1],
+        "fn_over_50": sum(x > 50 for x in lengths),
+        "fn_over_60": sum(x > 60 for x in lengths),
+        "code_lines": code,
+        "comment_per_code": round(comment / code, 3),
+        "docstring_per_code": round(doc / code, 3),
+        "getattr_hasattr_probes_module_callbacks": probes,
+        "flops_functions": flops,
+        "mup_files": len(mup_files),
+        "batch_field_lists": batch_lists,
+        "largest_files": sorted(per_file.items(), key=lambda kv: -kv[1])[:8],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rev", default=None, help="a git revision (default: the work tree)")
+    a = p.parse_args()
+    s = stats(sources(a.rev))
+    for k, v in s.items():
+        if isinstance(v, dict):
+            print(f"{k}:")
+            for kk, vv in v.items():
+                print(f"  {kk:32s} {vv}")
+        elif isinstance(v, list):
+            print(f"{k}: " + ", ".join(f"{kk} {vv}" for kk, vv in v))
+        else:
+            print(f"{k:42s} {v}")
+
+
+if __name__ == "__main__":
+    main()
