@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.data.batch import Batch
 from recformer.model import Ranker
 from recformer.model.blocks import mlp_hidden
 

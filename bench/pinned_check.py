@@ -93,7 +93,7 @@ def timed(data: Path, workers: int, pin: bool, n: int, batch_size: int, device: 
 def widen_then_copy(batch, device: torch.device):
     """The copy as ``Batch.to`` made it before 2026-11-30: int64 asked of the copy itself, which
     PyTorch does on the host (unpinned temporaries, 4.6x the bytes)."""
-    from recformer.data.batch import ID_FIELDS
+    from recformer.batch import ID_FIELDS
 
     return {
         name: t.to(device, dtype=torch.long if name in ID_FIELDS else None, non_blocking=True)

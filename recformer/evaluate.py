@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from recformer.batch import DataError
 from recformer.checkpoints import check_checkpoint_path, unreadable_checkpoint
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import DataError
 from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
 
 

@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection
 
+from recformer.batch import Batch, DataError
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
-from recformer.data.batch import Batch
-from recformer.data.schema import DataError
 from recformer.metric_names import OOV, TRAIN_LOSS
 from recformer.metrics import (
     DEFAULT_AUC_EXACT_MAX_ROWS,

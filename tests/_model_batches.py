@@ -6,8 +6,8 @@ from dataclasses import fields
 
 import torch
 
+from recformer.batch import Batch
 from recformer.config import FeatureDims
-from recformer.data.batch import Batch
 
 
 def tiny_dims(

@@ -15,9 +15,10 @@ import torch
 import yaml
 
 from recformer.__main__ import main
+from recformer.batch import DataError
 from recformer.config import FeatureSpec
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import DataError, required
+from recformer.data.schema import required
 from tests.conftest import log_table, write_tiny_data
 
 

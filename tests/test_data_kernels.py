@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 import torch
 
+from recformer.batch import DataError
 from recformer.config import CategoricalField
 from recformer.data import kernels, ring
 from recformer.data.datamodule import RecDataLoader, RecDataModule
-from recformer.data.schema import DataError
 from tests.conftest import log_table, tiny_spec
 
 
@@ -213,7 +213,7 @@ def test_cut_plan_matches_numpy(sizes):
 
 
 def test_transit_plan_is_the_planned_transit_layout():
-    from recformer.data.batch import PackedBatch
+    from recformer.data.packed import PackedBatch
 
     lay = decode_table(tiny_spec(), log_table(4, 0, seed=1)).layout
     for n in (1, 5, 32):

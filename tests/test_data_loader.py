@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from recformer.batch import DataError
 from recformer.config import CategoricalField, FeatureSpec
 from recformer.data import dataset
 from recformer.data.datamodule import RecDataLoader, RecDataModule
 from recformer.data.dataset import ParquetStream, StreamPlan
-from recformer.data.schema import DataError
 from recformer.data.shards import pieces_for, round_robin_resume
 from tests.conftest import N_USERS, write_tiny_data
 
@@ -235,7 +235,7 @@ def test_batch_to_copies_compact_and_widens_after_the_copy(tiny_data, monkeypatc
 
 
 def test_batch_to_widens_the_compact_id_fields(tiny_data):
-    from recformer.data.batch import ID_FIELDS
+    from recformer.batch import ID_FIELDS
 
     dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer")
     raw = next(iter(dm.train_dataloader()))

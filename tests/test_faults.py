@@ -32,8 +32,9 @@ import torch
 import yaml
 
 from recformer.__main__ import main as recformer_main
+from recformer.batch import DataError
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import CHECKSUMS, DataError
+from recformer.data.schema import CHECKSUMS
 from tests._subprocess import ROOT, recformer_env, run_recformer
 from tests.conftest import write_tiny_data
 

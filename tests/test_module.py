@@ -27,11 +27,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torchmetrics import Metric
 
 from recformer.__main__ import main as recformer_main
+from recformer.batch import DataError
 from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.cli import KNOWN_FALSE_ALARMS, cli_main
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import DataError
 from recformer.evaluate import compare_aucs, evaluate, format_table
 from recformer.metrics import exact_auc
 from recformer.module import RankerModule

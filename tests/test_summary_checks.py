@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from recformer.__main__ import main
+from recformer.batch import DataError
 from recformer.data.datamodule import RecDataModule
-from recformer.data.schema import DataError
 from recformer.data.summary import summarize
 from tests.conftest import write_tiny_data
 

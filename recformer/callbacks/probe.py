@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from recformer.batch import Batch
 from recformer.callbacks.sink import MetricSource, StepMetrics
-from recformer.data.batch import Batch
 from recformer.metric_names import (
     ATTN_ENTROPY,
     ATTN_ENTROPY_HEAD,

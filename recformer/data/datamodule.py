@@ -29,12 +29,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from recformer.batch import DataError
 from recformer.config import FeatureDims, FeatureSpec
-from recformer.data.batch import PackedBatch
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
+from recformer.data.packed import PackedBatch
 from recformer.data.ring import WorkerPool
-from recformer.data.schema import DataError, Where, check_schema, unsigned_keys
+from recformer.data.schema import Where, check_schema, unsigned_keys
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
 
 log = logging.getLogger(__name__)

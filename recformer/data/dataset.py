@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
+from recformer.batch import DataError
 from recformer.config import FeatureSpec
 from recformer.data.decode import Decoded, Decoder, Window
-from recformer.data.schema import DataError, Where
+from recformer.data.schema import Where
 from recformer.data.shards import (
     Piece,
     RowGroup,

@@ -23,11 +23,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from recformer.batch import FIELDS, Batch, BatchField, DataError
 from recformer.config import CategoricalField, FeatureSpec
 from recformer.data import kernels
-from recformer.data.batch import Batch, PackedBatch, numpy_dtype
+from recformer.data.packed import PackedBatch, numpy_dtype
 from recformer.data.schema import (
-    DataError,
     Where,
     cast_finite,
     check_finite,
@@ -76,8 +76,15 @@ def _narrowest(top_row: int, dtypes=tuple(_TORCH_INT)) -> type:
     return next(t for t in dtypes if top_row <= np.iinfo(t).max)
 
 
-# Row-wise fields of a window, in Batch order; the history is ``Decoded.hist``.
-_ROW_FIELDS = ("label", "weight", "group", "target_item", "cat", "dense", "emb", "keys")
+ROW_FIELDS = tuple(f for f in FIELDS if f.role == "row")
+"""The fields each row's record holds (``BatchLayout.record``); the history is ``Decoded.hist``."""
+EVENT_FIELDS = tuple(f for f in FIELDS if f.role == "event")
+"""The fields a row holds per history event: ragged in transit (``ev_<name>``), padded in the Batch."""
+
+
+def transit_name(f: BatchField) -> str:
+    """The name of an event field in transit: ``hist_item`` -> ``ev_item``."""
+    return "ev_" + f.name.removeprefix("hist_")
 
 
 @functools.lru_cache(maxsize=16)
@@ -121,40 +128,38 @@ class BatchLayout:
         """OOV flags per row: the target item and each context categorical."""
         return 1 + self.n_cat
 
+    def sizes(self, n: int) -> dict[str, int]:
+        """Each axis letter of ``FIELDS``' shapes, for an ``n``-row batch."""
+        rows = {"B": n, "F": self.n_cat, "Dn": self.n_dense, "E": self.emb_dim, "K": self.n_keys}
+        return rows | {"L": self.max_len, "C": len(self.cat_limits), "O": self.n_oov}
+
+    def host_dtype(self, f: BatchField) -> torch.dtype:
+        """``f.host``, with the narrow history ids resolved for this spec."""
+        narrow = {"item": _TORCH_INT[self.item_dtype], "event_cat": _TORCH_INT[self.cat_dtype]}
+        return narrow[f.host] if f.host in narrow else getattr(torch, f.host)
+
     @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of layouts per process)
     def fields(self, n: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
-        """(name, dtype, shape) of every field of an ``n``-row batch, in Batch order."""
-        L, C = self.max_len, len(self.cat_limits)
-        return (
-            ("label", torch.float32, (n,)),
-            ("weight", torch.float32, (n,)),
-            ("group", torch.int64, (n,)),
-            ("target_item", torch.int32, (n,)),
-            ("cat", torch.int32, (n, self.n_cat)),
-            ("dense", torch.float32, (n, self.n_dense)),
-            ("emb", torch.float32, (n, self.emb_dim)),
-            ("keys", torch.int64, (n, self.n_keys)),
-            ("hist_item", _TORCH_INT[self.item_dtype], (n, L)),
-            ("hist_cat", _TORCH_INT[self.cat_dtype], (n, L, C)),
-            ("hist_gap", torch.uint8, (n, L)),
-            ("hist_mask", torch.bool, (n, L)),
-            ("oov", torch.int64, (self.n_oov,)),
-        )
+        """(name, dtype, shape) of every field of an ``n``-row Batch, in ``FIELDS`` order."""
+        size = self.sizes(n)
+        return tuple((f.name, self.host_dtype(f), tuple(size[a] for a in f.shape)) for f in FIELDS)
 
     def transit(self, n: int, events: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
         """(name, dtype, shape) of the fields of an ``n``-row batch in transit from a worker, whose
         rows keep ``events`` history events in all: ``rec`` the rows' records (4-byte words,
-        ``record``), ``oov`` the batch's OOV counts, ``hist_len`` each row's kept events, and the
-        events, row after row: ``ev_item``, ``ev_cat`` (event-major), ``ev_gap`` (table rows)."""
-        C = len(self.cat_limits)
-        return (
-            ("rec", torch.int32, (n, self.record_bytes // 4)),
-            ("oov", torch.int64, (self.n_oov,)),
-            ("hist_len", torch.int32, (n,)),
-            ("ev_item", _TORCH_INT[self.item_dtype], (events,)),
-            ("ev_cat", _TORCH_INT[self.cat_dtype], (events, C)),
-            ("ev_gap", torch.uint8, (events,)),
-        )
+        ``record``), the batch's ``count`` fields, ``hist_len`` each row's kept events, then each
+        ``event`` field's values, row after row (``ev_item``, ``ev_cat`` event-major, ``ev_gap``)."""
+        size = self.sizes(n)
+        head = [("rec", torch.int32, (n, self.record_bytes // 4))]
+        head += [
+            (f.name, self.host_dtype(f), tuple(size[a] for a in f.shape)) for f in FIELDS if f.role == "count"
+        ]
+        head += [("hist_len", torch.int32, (n,))]
+        tail = [
+            (transit_name(f), self.host_dtype(f), (events, *(size[a] for a in f.shape[2:])))
+            for f in EVENT_FIELDS
+        ]
+        return tuple(head + tail)
 
     def transit_plan(self, n: int, events: int) -> tuple[tuple, int]:
         """``PackedBatch.plan(self.transit(n, events))``, from the event-free part planned once per
@@ -172,11 +177,12 @@ class BatchLayout:
         start, and per event field its (name, dtype, shape after the event axis, bytes per event)."""
         specs = self.transit(n, 0)
         layout, _ = PackedBatch.plan(specs)
+        head = len(specs) - len(EVENT_FIELDS)
         per_event = tuple(
             (name, dtype, shape[1:], math.prod(shape[1:]) * numpy_dtype(dtype).itemsize)
-            for name, dtype, shape in specs[3:]
+            for name, dtype, shape in specs[head:]
         )
-        return layout[:3], layout[3][3], per_event
+        return layout[:head], layout[head][3], per_event
 
     def slot_bytes(self, n: int) -> int:
         """Bytes of the largest ``n``-row batch in transit (every row keeping ``max_len`` events)."""
@@ -211,10 +217,12 @@ class BatchLayout:
     @functools.cached_property
     def record(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
         """Where each per-row field sits in a window's row record (``Decoded.rows``): byte
-        offset, numpy dtype and per-row shape; the Batch fields in ``_ROW_FIELDS`` order, then
-        ``row_oov``, the row's OOV flags (``n_row_oov`` int32)."""
+        offset, numpy dtype and per-row shape; the ``ROW_FIELDS`` in order, then ``row_oov``, the
+        row's OOV flags (``n_row_oov`` int32)."""
         out, offset = {}, 0
-        per_row = self.fields(1)[: len(_ROW_FIELDS)] + (("row_oov", torch.int32, (1, self.n_row_oov)),)
+        rows = {f.name for f in ROW_FIELDS}
+        per_row = tuple(f for f in self.fields(1) if f[0] in rows)
+        per_row += (("row_oov", torch.int32, (1, self.n_row_oov)),)
         for name, dtype, shape in per_row:
             np_dtype = numpy_dtype(dtype)
             out[name] = (offset, np_dtype, shape[1:])
@@ -467,10 +475,13 @@ class Decoder:
             hist=self._sequence(col, n, where),
             layout=self.layout,
         )
-        values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
         row_oov = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
+        values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
+        values.update(emb=emb, keys=keys, row_oov=row_oov)
+        if values.keys() != self.layout.record.keys():  # a field added to FIELDS needs its producer here
+            raise RuntimeError(f"decoded {sorted(values)}, the record holds {sorted(self.layout.record)}")
         words = decoded.rows.view(np.uint32)
-        for name, x in dict(values, emb=emb, keys=keys, row_oov=row_oov).items():
+        for name, x in values.items():
             # A compiled copy into the records: numpy's strided assignment cost 8 ns per row and field.
             offset, dtype, shape = self.layout.record[name]
             src = np.ascontiguousarray(x.reshape(n, math.prod(shape)), dtype=dtype).view(np.uint32)

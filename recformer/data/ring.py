@@ -40,8 +40,8 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as worker_state
 from torch.utils.data._utils.worker import _generate_state
 
-from recformer.data.batch import Batch, PackedBatch
-from recformer.data.schema import DataError
+from recformer.batch import Batch, DataError
+from recformer.data.packed import PackedBatch
 
 if TYPE_CHECKING:
     from recformer.data.dataset import ParquetStream

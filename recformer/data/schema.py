@@ -17,11 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 
+from recformer.batch import DataError
 from recformer.config import CategoricalField, FeatureSpec
-
-
-class DataError(ValueError):
-    """Bad input data; the message names the file, column and what was expected."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recformer.data.schema import DataError
+from recformer.batch import DataError
 
 log = logging.getLogger(__name__)
 

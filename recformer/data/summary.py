@@ -24,9 +24,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recformer.batch import DataError
 from recformer.config import FeatureSpec
 from recformer.data.decode import load_item_tables
-from recformer.data.schema import DataError, Where, check_label, check_schema, numeric
+from recformer.data.schema import Where, check_label, check_schema, numeric
 from recformer.data.shards import find_split_files, read_footer
 
 NAMED_SPLITS = ("train", "val", "test")

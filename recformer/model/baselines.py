@@ -20,8 +20,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.data.batch import Batch
 from recformer.model.embedding import FeatureTokenizer, matrix_params
 from recformer.model.init import init_tokens
 from recformer.model.ranker import Ranker

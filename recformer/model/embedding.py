@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recformer.batch import ID_FIELDS, Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.data.batch import ID_FIELDS, Batch
 
 
 def matrix_params(module: nn.Module) -> int:

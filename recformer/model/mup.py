@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from recformer.batch import Batch
 from recformer.config import OptimConfig
-from recformer.data.batch import Batch
 from recformer.model.ranker import Ranker
 from recformer.optim import build_param_groups
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.data.batch import Batch
 from recformer.model.blocks import NORMALISED_STREAM, make_block
 from recformer.model.embedding import FeatureTokenizer, matrix_params
 from recformer.model.init import init_weights
