@@ -32,7 +32,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
-from recformer.data.synth import write_synth
+from recformer.datasets.synth import write_synth
 from recformer.module import RankerModule
 
 ROOT = Path(__file__).resolve().parents[1]

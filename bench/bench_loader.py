@@ -120,7 +120,7 @@ from recformer.data.dataset import keep_freed_memory  # noqa: E402
 def ensure_data(path: Path, rows: int, max_len: int) -> None:
     if (path / "spec.yaml").is_file():
         return
-    from recformer.data.synth import write_synth
+    from recformer.datasets.synth import write_synth
 
     write_synth(path, rows, val_rows=0, test_rows=0, max_len=max_len, rows_per_file=1_000_000, progress=True)
 

@@ -18,10 +18,10 @@ import sys
 # Each data command lives in its own module exposing ``register(subparsers)``; imports stay lazy so
 # ``recformer data ...`` does not pay for torch/Lightning start-up.
 DATA_COMMANDS = {
-    "movielens": "recformer.data.movielens",
-    "synth": "recformer.data.synth",
-    "embed-items": "recformer.data.embed_items",
-    "summary": "recformer.data.summary",
+    "movielens": "recformer.datasets.movielens",
+    "synth": "recformer.datasets.synth",
+    "embed-items": "recformer.datasets.embed_items",
+    "summary": "recformer.datasets.summary",
 }
 
 

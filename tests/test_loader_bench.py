@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from recformer.data.synth import write_synth
+from recformer.datasets.synth import write_synth
 from tests.conftest import load_bench
 
 

@@ -22,9 +22,9 @@ import pytest
 
 from recformer.__main__ import main
 from recformer.config import FeatureSpec
-from recformer.data import movielens as ml
-from recformer.data.embed_items import INSTALL_HINT, embed_items, load_encoder
-from recformer.data.summary import summarize
+from recformer.datasets import movielens as ml
+from recformer.datasets.embed_items import INSTALL_HINT, embed_items, load_encoder
+from recformer.datasets.summary import summarize
 from tests.conftest import required_list
 
 REPO = Path(__file__).resolve().parents[1]

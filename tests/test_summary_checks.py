@@ -12,7 +12,7 @@ import pytest
 from recformer.__main__ import main
 from recformer.batch import DataError
 from recformer.data.datamodule import RecDataModule
-from recformer.data.summary import summarize
+from recformer.datasets.summary import summarize
 from tests.conftest import write_tiny_data
 
 

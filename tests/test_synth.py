@@ -20,8 +20,8 @@ import pytest
 
 from recformer.__main__ import main
 from recformer.config import FeatureSpec
-from recformer.data import synth
-from recformer.data.synth import SynthParams, SynthWorld, write_synth
+from recformer.datasets import synth
+from recformer.datasets.synth import SynthParams, SynthWorld, write_synth
 from tests.conftest import required_list
 
 SMALL = dict(
@@ -207,7 +207,7 @@ def test_peak_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
     # pools); holding the dataset would add ~70 MB of history lists.
     code = (
         "import json, resource, sys\n"
-        "from recformer.data.synth import write_synth\n"
+        "from recformer.datasets.synth import write_synth\n"
         "write_synth(sys.argv[1], int(sys.argv[2]), users=1000, items=1000, max_len=60, val_rows=0, "
         "test_rows=0)\n"
         "print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, 'torch' in sys.modules]))\n"

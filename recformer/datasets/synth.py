@@ -17,11 +17,9 @@ each split by (seed, split, chunk index). A chunk depends on nothing else, not e
 --rows-per-file, --row-group-size or --compression, so those only change how the same rows are cut
 into files and encoded.
 
-Speed and size (2-core shared VM, 1M train + 200k val/test rows, --max-len 100, 64 events a row on
-average): about 100k rows/s on one core, 285 bytes a row on disk (zstd; history lists are 95 % of
-it). ``python -m recformer data synth --out /tmp/s --rows 1000000 --max-len 100`` prints both.
-``--compression lz4`` writes 13% more bytes (322 a row) that read about a quarter faster (pyarrow's
-``read_row_group``, 0.81 against 1.05 us a row; README, Data).
+Speed and size: about 100k rows/s on one core and under 300 bytes a row on disk at --max-len 100
+(zstd; history lists are nearly all of it); every run prints both. ``--compression lz4`` writes
+about 13% more bytes that read about a quarter faster (README, Data).
 
 Generative model
 ----------------
@@ -95,6 +93,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +102,9 @@ import pyarrow.parquet as pq
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 # ----------------------------------------------------------------------------------------------
 # Constants of the generative model (documented in the module docstring)
@@ -166,8 +168,8 @@ SCHEMA = required(
 )
 PARQUET_OPTIONS = dict(
     compression="zstd",
-    # Dictionary encoding bit-packs the small-vocabulary columns (actions: 29 -> 13 bytes a row) and
-    # the Zipf item ids; byte-stream split lets zstd see the float exponents (gaps: 198 -> 143).
+    # Smaller files: dictionary encoding bit-packs the small-vocabulary columns and the Zipf item
+    # ids; byte-stream split lets zstd see the float exponents.
     use_dictionary=[
         "label",
         "hour",
@@ -295,6 +297,23 @@ class Chunk:
     """Per dense column: [sum, sum of squares] of log1p(value), float64."""
 
 
+@dataclass
+class _History:
+    """The history events of one chunk, flat: row ``i`` owns events ``offsets[i]:offsets[i + 1]``,
+    oldest first."""
+
+    length: np.ndarray
+    """Events per row, int64."""
+    offsets: np.ndarray
+    """Row starts in the flat arrays, int64, one more than rows."""
+    item: np.ndarray
+    """Item id of each event, int32."""
+    action: np.ndarray
+    """0 view, 1 click, 2 like, int8."""
+    gap: np.ndarray
+    """Whole seconds from the event to the impression, float32."""
+
+
 class SynthWorld:
     """The seeded latent model (users, items, context), independent of the number of rows.
 
@@ -302,14 +321,23 @@ class SynthWorld:
     """
 
     def __init__(self, params: SynthParams):
-        self.p = p = params
-        k = p.factors
-        self.n_clusters = c = n_clusters(p.items)
-        self.top = min(TOP_CLUSTERS, c)
+        self.p = params
+        self.n_clusters = n_clusters(params.items)
+        self.top = min(TOP_CLUSTERS, self.n_clusters)
         # K**-1/4 per entry: <u, v> has unit variance for any K.
-        scale = k**-0.25
+        scale = params.factors**-0.25
+        centres = self._init_items(scale)
+        self._init_users(scale, centres)
+        self._init_context()
+        self._init_timeline()
+        self.bias = 0.0
+        self.bias = self._calibrate()
 
-        rng = _rng(p.seed, _WORLD, 0)  # items
+    def _init_items(self, scale: float) -> np.ndarray:
+        """Item popularity, clusters, factors, draw populations and release times, from the world's
+        item stream; returns the cluster centres (clusters x K) the users' tastes are measured on."""
+        p, k, c = self.p, self.p.factors, self.n_clusters
+        rng = _rng(p.seed, _WORLD, 0)
         self.pop_order = rng.permutation(p.items).astype(np.int32)
         """Item id of each popularity rank (rank 0 = most popular)."""
         rank = np.empty(p.items, dtype=np.int64)
@@ -335,8 +363,13 @@ class SynthWorld:
         self.item_release = (
             TRAIN_START_S - rng.exponential(MEAN_ITEM_AGE_DAYS * 86400, p.items) - 3600
         ).astype(np.int64)
+        return centres
 
-        rng = _rng(p.seed, _WORLD, 1)  # users
+    def _init_users(self, scale: float, centres: np.ndarray) -> None:
+        """User factors, activity, preferred device, bias, segment and favourite clusters, from the
+        world's user stream."""
+        p, k = self.p, self.p.factors
+        rng = _rng(p.seed, _WORLD, 1)
         self.u = (scale * rng.standard_normal((p.users, k))).astype(np.float32)
         self.activity_z = rng.standard_normal(p.users).astype(np.float32)
         self.activity = np.exp(np.log(MEDIAN_ACTIVITY) + self.activity_z).astype(np.float32)
@@ -348,9 +381,15 @@ class SynthWorld:
         self.device = rng.integers(0, N_DEVICES, p.users).astype(np.int8)
         self.user_bias = (0.3 * self.activity_z + rng.normal(0, 0.3, p.users)).astype(np.float32)
         segment_map = rng.standard_normal((k, N_SEGMENTS)).astype(np.float32)
-        self.segment = np.empty(p.users, dtype=np.int8)
-        self.top_clusters = np.empty((p.users, self.top), dtype=np.int16)
-        for a in range(0, p.users, CHUNK_ROWS):  # blocks keep the U x clusters product small
+        self._init_tastes(segment_map, centres)
+
+    def _init_tastes(self, segment_map: np.ndarray, centres: np.ndarray) -> None:
+        """Each user's segment (argmax of ``u`` through ``segment_map``) and ``top`` favourite clusters
+        (highest ``<u, centre>`` first)."""
+        users = self.p.users
+        self.segment = np.empty(users, dtype=np.int8)
+        self.top_clusters = np.empty((users, self.top), dtype=np.int16)
+        for a in range(0, users, CHUNK_ROWS):  # blocks keep the U x clusters product small
             ub = self.u[a : a + CHUNK_ROWS]
             self.segment[a : a + len(ub)] = np.argmax(ub @ segment_map, axis=1)
             aff = ub @ centres.T
@@ -358,7 +397,11 @@ class SynthWorld:
             order = np.argsort(-np.take_along_axis(aff, top, axis=1), axis=1)
             self.top_clusters[a : a + len(ub)] = np.take_along_axis(top, order, axis=1)
 
-        rng = _rng(p.seed, _WORLD, 2)  # context
+    def _init_context(self) -> None:
+        """Hour, device and segment effects, the context vectors of the order-3 term, the factor
+        pairing of the order-4 term and the action thresholds, from the world's context stream."""
+        k = self.p.factors
+        rng = _rng(self.p.seed, _WORLD, 2)
         self.hour_effect = (0.3 * np.sin(2 * np.pi * (np.arange(N_HOURS) - 14) / 24)).astype(np.float32)
         self.device_effect = rng.normal(0, 0.2, N_DEVICES).astype(np.float32)
         self.segment_effect = rng.normal(0, 0.2, N_SEGMENTS).astype(np.float32)
@@ -369,6 +412,9 @@ class SynthWorld:
         self.view_cut, self.click_cut = np.cumsum(ACTION_PROBS, axis=1)[:, :2].T.astype(np.float32).copy()
         self.log_action_weight = np.log(ACTION_WEIGHTS)
 
+    def _init_timeline(self) -> None:
+        """Impression spacing and the start of each split: val and test follow train at its rate."""
+        p = self.p
         train = max(p.rows, 1)
         self.spacing = TRAIN_SPAN_S / train
         """Seconds between impressions, the same in every split."""
@@ -377,8 +423,6 @@ class SynthWorld:
             "val": TRAIN_START_S + p.rows * self.spacing,
             "test": TRAIN_START_S + (p.rows + p.val_rows) * self.spacing,
         }
-        self.bias = 0.0
-        self.bias = self._calibrate()
 
     # -- public helpers ------------------------------------------------------------------------
     def affinity(self, user_id: np.ndarray, item_id: np.ndarray) -> np.ndarray:
@@ -458,8 +502,32 @@ class SynthWorld:
             rng.random(n) < P_PREFERRED_DEVICE, self.device[user], rng.integers(0, N_DEVICES, n)
         ).astype(np.int8)
         segment = self.segment[user]
+        hist = self._history(rng, user)
+        item, _ = self._sample_items(rng, user, P_TARGET_TASTE)
+        age_days = ((ts - self.item_release[item]) / 86400.0).astype(np.float32)
+        logit = self._logit(user, item, hour, device, segment, age_days, hist)
+        logit = logit + p.noise * rng.standard_normal(n)
 
-        # History: lengths, then every event of the chunk in one flat array (row-major, oldest first).
+        cols = {
+            "user_id": pa.array(user.astype(np.int64)),
+            "item_id": pa.array(item),  # int32, like the id tables
+            "timestamp": pa.array(ts),
+            "hour": pa.array(hour),
+            "device": pa.array(device),
+            "user_segment": pa.array(segment),
+            "user_activity": pa.array(self.activity[user]),
+            "item_age": pa.array(age_days),
+        }
+        off32 = pa.array(hist.offsets.astype(np.int32))
+        cols["hist_item_ids"] = pa.ListArray.from_arrays(off32, pa.array(hist.item))
+        cols["hist_actions"] = pa.ListArray.from_arrays(off32, pa.array(hist.action))
+        cols["hist_gaps"] = pa.ListArray.from_arrays(off32, pa.array(hist.gap))
+        return cols, logit.astype(np.float64)
+
+    def _history(self, rng: np.random.Generator, user: np.ndarray) -> _History:
+        """The histories of one chunk's rows: lengths, then every event in one flat array (row-major,
+        oldest first) with its item, action and gap."""
+        p, n = self.p, len(user)
         length = np.floor(
             0.5 * p.max_len * np.exp(0.8 * rng.standard_normal(n) + 0.3 * self.activity_z[user])
         )
@@ -476,12 +544,23 @@ class SynthWorld:
         # one reversed cumulative sum over the chunk, minus what lies beyond the row's end.
         after = np.zeros(len(ev_row) + 1, dtype=np.float64)
         np.cumsum(inter[::-1], dtype=np.float64, out=after[-2::-1])
-        # Whole seconds, like the timestamps they come from (and they compress 1.4x better).
+        # Whole seconds, like the timestamps they come from (and whole numbers compress better).
         gap = np.floor(np.maximum(after[:-1] - after[offsets[1:]][ev_row], 0)).astype(np.float32)
+        return _History(length, offsets, hist_item, action, gap)
 
-        item, _ = self._sample_items(rng, user, P_TARGET_TASTE)
-        age_days = ((ts - self.item_release[item]) / 86400.0).astype(np.float32)
-
+    def _logit(
+        self,
+        user: np.ndarray,
+        item: np.ndarray,
+        hour: np.ndarray,
+        device: np.ndarray,
+        segment: np.ndarray,
+        age_days: np.ndarray,
+        hist: _History,
+    ) -> np.ndarray:
+        """The label logit without noise and calibrated bias: the terms up to ``--order`` (module
+        docstring)."""
+        p = self.p
         logit = (
             self.user_bias[user]
             + self.item_bias[item]
@@ -493,7 +572,7 @@ class SynthWorld:
         u, v = self.u[user], self.v[item]
         if p.order >= 2:
             logit += W_DOT * np.einsum("nk,nk->n", u, v)
-            logit += W_HIST * self._target_attention(item, length, offsets, hist_item, action, gap)
+            logit += W_HIST * self._target_attention(item, hist)
         if p.order >= 3:
             ctx = (self.hour_vec[hour] + self.device_vec[device]) / np.sqrt(2.0)
             logit += W_TRIPLE * np.einsum("nk,nk,nk->n", u, v, ctx)
@@ -502,46 +581,26 @@ class SynthWorld:
             logit += (
                 W_QUAD * np.sqrt(p.factors) * np.einsum("nk,nk->n", uv[:, self.quad_a], uv[:, self.quad_b])
             )
-        logit = logit + p.noise * rng.standard_normal(n)
+        return logit
 
-        cols = {
-            "user_id": pa.array(user.astype(np.int64)),
-            "item_id": pa.array(item),  # int32, like the id tables
-            "timestamp": pa.array(ts),
-            "hour": pa.array(hour),
-            "device": pa.array(device),
-            "user_segment": pa.array(segment),
-            "user_activity": pa.array(self.activity[user]),
-            "item_age": pa.array(age_days),
-        }
-        off32 = pa.array(offsets.astype(np.int32))
-        cols["hist_item_ids"] = pa.ListArray.from_arrays(off32, pa.array(hist_item))
-        cols["hist_actions"] = pa.ListArray.from_arrays(off32, pa.array(action))
-        cols["hist_gaps"] = pa.ListArray.from_arrays(off32, pa.array(gap))
-        return cols, logit.astype(np.float64)
-
-    def _target_attention(
-        self,
-        item: np.ndarray,
-        length: np.ndarray,
-        offsets: np.ndarray,
-        hist_item: np.ndarray,
-        action: np.ndarray,
-        gap: np.ndarray,
-    ) -> np.ndarray:
+    def _target_attention(self, item: np.ndarray, hist: _History) -> np.ndarray:
         """DIN-style attention of the target over the most recent events: sum_j a_j cos(v_t, v_j)."""
         n, r = len(item), min(self.p.max_len, HIST_ATTN_EVENTS)
         out = np.zeros(n, dtype=np.float32)
-        if len(hist_item) == 0:
+        if len(hist.item) == 0:
             return out
         back = np.arange(r)  # 0 = most recent event
-        valid_nr = length[:, None] > back
-        pos_nr = np.where(valid_nr, offsets[1:, None] - 1 - back, 0)
+        valid_nr = hist.length[:, None] > back
+        pos_nr = np.where(valid_nr, hist.offsets[1:, None] - 1 - back, 0)
         for a in range(0, n, ATTN_BLOCK_ROWS):  # blocks bound the rows x r x K gather
             b = slice(a, a + ATTN_BLOCK_ROWS)
             pos = pos_nr[b]
-            sim = np.einsum("nrk,nk->nr", self.v_unit[hist_item[pos]], self.v_unit[item[b]])
-            score = HIST_ATTN_BETA * sim + self.log_action_weight[action[pos]] - gap[pos] / HIST_RECENCY_S
+            sim = np.einsum("nrk,nk->nr", self.v_unit[hist.item[pos]], self.v_unit[item[b]])
+            score = (
+                HIST_ATTN_BETA * sim
+                + self.log_action_weight[hist.action[pos]]
+                - hist.gap[pos] / HIST_RECENCY_S
+            )
             score = np.where(valid_nr[b], score, -np.inf)
             top = score.max(axis=1, keepdims=True)
             e = np.exp(score - np.where(np.isfinite(top), top, 0))  # rows without history: all zeros
@@ -668,7 +727,12 @@ def write_synth(
         row_group_size=row_group_size,
         compression=compression,
     )
-    out = Path(out_dir)
+    return _write_dataset(p, Path(out_dir), progress, t0)
+
+
+def _write_dataset(p: SynthParams, out: Path, progress: bool, t0: float) -> SynthSummary:
+    """``write_synth`` once its arguments are checked: the logs, items.parquet, then spec.yaml (whose
+    dense normalisation needs every train row)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder (it is created if missing)")
     refuse_foreign_parquet(out, SPLITS, written=[n for n in SPLITS if p.split_rows[n]])
@@ -676,47 +740,8 @@ def write_synth(
     out.mkdir(parents=True, exist_ok=True)
     remove_own_parts(out, SPLITS)
 
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=sum(p.split_rows.values()), unit="rows", unit_scale=True, disable=not progress, file=sys.stderr
-    )
-    files: dict[str, list[Path]] = {}
-    positives: dict[str, float] = {}
-    dense = np.zeros((len(DENSE_COLUMNS), 2))
-    # One writer thread: Parquet encoding and zstd release the GIL, so writing chunk i overlaps
-    # generating chunk i + 1. Files are written in order by that single thread; at most
-    # WRITE_AHEAD chunks wait for it, which keeps memory constant.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="synth-writer") as pool:
-        for name in SPLITS:
-            total = p.split_rows[name]
-            if total == 0:
-                continue
-            (out / name).mkdir(exist_ok=True)
-            writer = _SplitWriter(out / name, p.rows_per_file, p.row_group_size, p.compression)
-            pending: deque[Future] = deque()
-            pos = 0
-            for index in range(-(-total // CHUNK_ROWS)):
-                chunk = world.chunk(name, index, min(CHUNK_ROWS, total - index * CHUNK_ROWS))
-                while len(pending) >= WRITE_AHEAD:
-                    pending.popleft().result()  # re-raises a write error here
-                pending.append(pool.submit(writer.write, chunk.table))
-                pos += chunk.positives
-                if name == "train":
-                    dense += chunk.dense_sum
-                bar.update(chunk.table.num_rows)
-            for f in pending:
-                f.result()
-            pool.submit(writer.close).result()
-            files[name] = writer.files
-            positives[name] = pos / total
-    bar.close()
-
-    with pq.ParquetWriter(
-        out / "items.parquet", world.item_table(0, 0).schema, compression="zstd", **CHECKSUMS
-    ) as w:
-        for a in range(0, p.items, CHUNK_ROWS):
-            w.write_table(world.item_table(a, min(a + CHUNK_ROWS, p.items)), row_group_size=CHUNK_ROWS)
+    files, positives, dense = _write_logs(out, world, progress)
+    _write_items(out / "items.parquet", world)
     make_spec(p, world, dense / p.rows).save(out / "spec.yaml")
 
     log_bytes = sum(f.stat().st_size for fs in files.values() for f in fs)
@@ -728,6 +753,73 @@ def write_synth(
         log_bytes=log_bytes,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _write_logs(
+    out: Path, world: SynthWorld, progress: bool
+) -> tuple[dict[str, list[Path]], dict[str, float], np.ndarray]:
+    """Write every non-empty split, chunk by chunk; returns each split's files and positive rate and,
+    from train, per dense column [sum, sum of squares] of log1p(value)."""
+    from tqdm import tqdm
+
+    p = world.p
+    bar = tqdm(
+        total=sum(p.split_rows.values()), unit="rows", unit_scale=True, disable=not progress, file=sys.stderr
+    )
+    files: dict[str, list[Path]] = {}
+    positives: dict[str, float] = {}
+    dense = np.zeros((len(DENSE_COLUMNS), 2))
+    # One writer thread: Parquet encoding and zstd release the GIL, so writing chunk i overlaps
+    # generating chunk i + 1. Files are written in order by that single thread.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="synth-writer") as pool:
+        for name in SPLITS:
+            total = p.split_rows[name]
+            if total == 0:
+                continue
+            (out / name).mkdir(exist_ok=True)
+            writer = _SplitWriter(out / name, p.rows_per_file, p.row_group_size, p.compression)
+            pos = _write_split(pool, writer, world, name, dense if name == "train" else None, bar)
+            files[name] = writer.files
+            positives[name] = pos / total
+    bar.close()
+    return files, positives, dense
+
+
+def _write_split(
+    pool: ThreadPoolExecutor,
+    writer: _SplitWriter,
+    world: SynthWorld,
+    name: str,
+    dense: np.ndarray | None,
+    bar: tqdm,
+) -> int:
+    """Generate split ``name`` chunk by chunk and hand each to ``writer`` on the writer thread
+    ``pool``; adds the chunks' dense moments into ``dense`` (when given) and returns the positives.
+    At most ``WRITE_AHEAD`` chunks wait for the writer, which keeps memory constant."""
+    total = world.p.split_rows[name]
+    pending: deque[Future] = deque()
+    pos = 0
+    for index in range(-(-total // CHUNK_ROWS)):
+        chunk = world.chunk(name, index, min(CHUNK_ROWS, total - index * CHUNK_ROWS))
+        while len(pending) >= WRITE_AHEAD:
+            pending.popleft().result()  # re-raises a write error here
+        pending.append(pool.submit(writer.write, chunk.table))
+        pos += chunk.positives
+        if dense is not None:
+            dense += chunk.dense_sum
+        bar.update(chunk.table.num_rows)
+    for f in pending:
+        f.result()
+    pool.submit(writer.close).result()
+    return pos
+
+
+def _write_items(path: Path, world: SynthWorld) -> None:
+    """The item side table, in blocks of ``CHUNK_ROWS`` items (one row group each)."""
+    items = world.p.items
+    with pq.ParquetWriter(path, world.item_table(0, 0).schema, compression="zstd", **CHECKSUMS) as w:
+        for a in range(0, items, CHUNK_ROWS):
+            w.write_table(world.item_table(a, min(a + CHUNK_ROWS, items)), row_group_size=CHUNK_ROWS)
 
 
 def make_spec(p: SynthParams, world: SynthWorld, dense_moments: np.ndarray) -> FeatureSpec:

