@@ -39,7 +39,7 @@ from torch import nn
 
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.model import Ranker
+from recformer.model import Ranker, flops
 from recformer.model.blocks import mlp_hidden
 
 N_CAT, N_DENSE = 4, 8
@@ -156,22 +156,19 @@ class RankerAllTokens(nn.Module):
 
 
 def flops_per_sample(cfg: RankerConfig, tokens: int, last_block_queries: int | None = None) -> float:
-    """Training FLOPs per sample: 3 x forward of the block matmuls and attention (PaLM appendix B).
+    """Training FLOPs per sample of the blocks alone (``recformer.model.flops``, PaLM appendix B).
 
     ``last_block_queries``: the Ranker's last block updates only the tokens its head reads (keys and
     values for all T); None counts every block in full, as the reference computes it.
     """
-    D, M, T = cfg.d_model, mlp_hidden(cfg), tokens
+    M = mlp_hidden(cfg)
     up = 2 * M if cfg.mlp == "swiglu" else M
-
-    def block(q: int) -> float:  # forward FLOPs of one block that updates q of the T tokens
-        kv = 2 * (2 * D * D) * T
-        per_query = 2 * (D * D + D * D + D * up + M * D)  # q projection, out projection, MLP
-        attention = 2 * 2 * q * T * D  # q k^T and p v
-        return kv + per_query * q + attention
-
-    q_last = T if last_block_queries is None else last_block_queries
-    return 3 * ((cfg.n_layers - 1) * block(T) + block(q_last))
+    q_last = tokens if last_block_queries is None else last_block_queries
+    terms = []
+    for i in range(cfg.n_layers):
+        q = q_last if i == cfg.n_layers - 1 else tokens
+        terms += flops.reference_block_terms(cfg, M, up, tokens, q)
+    return flops.total(terms)
 
 
 def main(argv: list[str] | None = None) -> dict:

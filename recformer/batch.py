@@ -89,7 +89,6 @@ class _BatchOps:
         return self.label.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-
         """Moves every tensor, then converts it to its ``BatchField.device`` dtype *on the device*.
 
         The copy keeps each tensor's dtype: ``t.to(device, dtype=torch.long)`` would widen on the

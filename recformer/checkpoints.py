@@ -9,11 +9,13 @@
 - ``read_checkpoint``: ``torch.load(weights_only=True)`` whose failures on a file that is not a
   checkpoint (empty, truncated, another format, pickled code) become one ``ValueError`` naming the
   file; errors about anything else keep their own message and traceback.
+- ``check_features``: data a checkpoint's model cannot read as it was trained to is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 from pathlib import Path
@@ -21,6 +23,11 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from recformer.batch import DataError
+from recformer.config import FeatureDims
+
+log = logging.getLogger(__name__)
 
 PARTIAL = ".partial-"
 """Infix of a checkpoint being written: ``.<name>.partial-<pid>`` beside ``<name>``."""
@@ -123,3 +130,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if said is None:
                 raise
             raise said from None
+
+
+def check_features(
+    data: FeatureDims,
+    ckpt: FeatureDims,
+    data_name: str,
+    ckpt_name: str,
+    labels: tuple[str, str] = ("data", "checkpoint"),
+    warn: bool = True,
+) -> None:
+    """Refuse data whose features a model built from ``ckpt``'s dims cannot read as it was trained
+    to (other columns, other sizes, string vocabularies in another order); warn (``warn``: one rank
+    of several) where a dense column is normalised otherwise, which the sizes do not show."""
+    wrong = data.mismatch(ckpt, *labels)
+    if wrong:
+        raise DataError(f"{data_name} does not match {ckpt_name}: {wrong}")
+    changed = data.encoding_changes(ckpt, *labels)
+    if changed and warn:
+        log.warning(
+            "%s encodes some columns otherwise than %s was trained on (the model sees shifted inputs): %s",
+            data_name,
+            ckpt_name,
+            "; ".join(changed),
+        )

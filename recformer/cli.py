@@ -40,8 +40,8 @@ KNOWN_FALSE_ALARMS = (
     # Lightning's own use of torch's pytree API, about to change upstream; nothing to do here.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
-"""Lightning warnings every run printed that say nothing about the run (checked 2026-11-30,
-Lightning 2.6); the rest are left alone."""
+"""Lightning warnings that every run prints and that say nothing about the run (Lightning 2.6);
+the rest are left alone."""
 
 
 def quiet_known_false_alarms() -> None:

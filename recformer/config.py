@@ -13,6 +13,7 @@ Every field carries a docstring under it: LightningCLI turns those into ``--help
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -410,12 +411,14 @@ class RankerConfig:
     """Normalise queries and keys (learnable gain) before the dot product: per head, over the full
     width, or not; bounds the attention logits however large the q/k weights grow."""
     init: InitMethod = "scaled"
-    """Init method: normal(std), xavier, scaled (GPT-2, std/sqrt(2L) on residual-writing projections),
-    depth (std/sqrt(2(l+1)) in block l), deepnorm (DeepNet beta), mup."""
+    """Init method: normal(std), xavier, scaled (GPT-2, std/sqrt(2Y) on residual-writing projections),
+    depth (std/sqrt(2(l+1)) in block l), deepnorm (DeepNet beta). 'mup' is the old name of normal
+    with mup=true (deprecated: set mup=true, which brings muP's init with it)."""
     init_std: float = 0.02
     """Base standard deviation of the normal-family inits."""
     mup: bool = False
-    """muP width scaling: hidden-matrix LR / m, readout input / m, attention scale 1/d_head."""
+    """muP, one switch for all of it (``recformer.model.mup``): hidden-matrix init std / sqrt(m) and
+    Adam LR / m, readout input / m, attention scale 1/d_head; m = d_model / base_d_model."""
     base_d_model: int = 64
     """Width at which muP hyperparameters were tuned; m = d_model / base_d_model."""
     dense_tokens: int = 1
@@ -430,7 +433,7 @@ class RankerConfig:
     """Label base rate; the head bias starts at its log-odds."""
 
     def half_methods(self) -> list[str]:
-        """The other halves of muP and DeepNet: each pair is one method, and half of it alone is
+        """Half of DeepNet, or muP's init without muP: each is one method, and half of it alone is
         silently not the method its name promises. A new fit refuses them
         (``RankerModule.on_fit_start``); a checkpoint that has one still loads, for evaluation or
         resume, since its weights are already made."""
@@ -438,7 +441,7 @@ class RankerConfig:
         if self.init == "mup" and not self.mup:
             out.append(
                 "init='mup' with mup=False: muP is its init together with its LR and output "
-                "scaling; set both mup=True and init='mup', or neither"
+                "scaling; set mup=true (it brings muP's init) and drop init='mup'"
             )
         if self.norm_placement == "deepnorm" and self.init != "deepnorm":
             out.append(
@@ -462,8 +465,18 @@ class RankerConfig:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if self.dense_tokens < 1:
             raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
-        if self.mup and self.init != "mup":
-            raise ValueError("mup=True needs init='mup' (or set mup=False)")
+        if self.mup and self.init in ("xavier", "deepnorm"):
+            raise ValueError(
+                f"mup=True with init={self.init!r}: muP scales the std of the normal-family inits "
+                "(normal, scaled, depth) by 1/sqrt(m); xavier-family inits set their own width scaling"
+            )
+        if self.init == "mup":
+            warnings.warn(
+                "model.ranker.init='mup' is deprecated: muP is one switch now; set "
+                "model.ranker.mup=true (it brings muP's init, as init='normal' scaled by 1/sqrt(m))",
+                FutureWarning,
+                stacklevel=2,
+            )
         if self.init == "deepnorm" and self.norm_placement != "deepnorm":
             raise ValueError("init='deepnorm' only makes sense with norm_placement='deepnorm'")
         if self.init_std <= 0:

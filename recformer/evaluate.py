@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from recformer.batch import DataError
-from recformer.checkpoints import check_checkpoint_path, unreadable_checkpoint
+from recformer.checkpoints import check_checkpoint_path, check_features, unreadable_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
 
@@ -56,8 +56,6 @@ def evaluate(
 ) -> dict[str, Any]:
     """Metrics of ``ckpt`` on ``split``; with ``compare``, also the paired DeLong test of
     AUC(ckpt) - AUC(compare) on the same rows (needs the rows in memory)."""
-    from recformer.module import check_features
-
     module = load_module(ckpt, device)
     other = load_module(compare, device) if compare is not None else None
     if other is not None:
@@ -68,31 +66,9 @@ def evaluate(
     check_features(dm.feature_dims, module.dims, f"the feature spec of {data}", f"checkpoint {ckpt}")
     dm.setup("predict")
     start = time.perf_counter()
-    paired: list[tuple[np.ndarray, ...]] = []
     oov = np.zeros(len(dm.oov_fields), np.int64)
     with StreamingEvaluator(max_rows_in_memory=max_rows_in_memory) as ev:
-        for batch in dm.predict_dataloader():
-            oov += batch.oov.numpy()
-            batch = batch.to(device)
-            logits = module.net(batch).float()
-            if other is not None:
-                # Checked before this batch's rows join: the main metrics must stay exact as well.
-                if ev.rows + len(batch) > max_rows_in_memory:
-                    raise ValueError(
-                        f"--compare keeps every score in memory; {split} has more than "
-                        f"--max-rows-in-memory={max_rows_in_memory} rows"
-                    )
-                paired.append(
-                    tuple(
-                        t.cpu().numpy() for t in (logits, other.net(batch).float(), batch.label, batch.weight)
-                    )
-                )
-            ev.update(
-                logits.cpu().numpy(),
-                batch.label.cpu().numpy(),
-                batch.weight.cpu().numpy(),
-                batch.group.cpu().numpy(),
-            )
+        paired = _score(dm, module, other, ev, oov, device, split)
         result = ev.compute().to_dict()
     if other is not None:
         result["compare"] = {
@@ -109,6 +85,35 @@ def evaluate(
         seconds=round(time.perf_counter() - start, 2),
     )
     return result
+
+
+def _score(
+    dm: RecDataModule,
+    module: Any,
+    other: Any,
+    ev: StreamingEvaluator,
+    oov: np.ndarray,
+    device: str,
+    split: str,
+) -> list[tuple[np.ndarray, ...]]:
+    """Stream the split through ``module`` into ``ev`` (adding its unknown-id counts to ``oov``);
+    with ``other``, also keep both models' scores, labels and weights for the paired test."""
+    paired: list[tuple[np.ndarray, ...]] = []
+    for batch in dm.predict_dataloader():
+        oov += batch.oov.numpy()
+        batch = batch.to(device)
+        logits = module.ranker(batch).float()
+        if other is not None:
+            # Checked before this batch's rows join: the main metrics must stay exact as well.
+            if ev.rows + len(batch) > ev.max_rows_in_memory:
+                raise ValueError(
+                    f"--compare keeps every score in memory; {split} has more than "
+                    f"--max-rows-in-memory={ev.max_rows_in_memory} rows"
+                )
+            both = (logits, other.ranker(batch).float(), batch.label, batch.weight)
+            paired.append(tuple(t.cpu().numpy() for t in both))
+        ev.update(*(t.cpu().numpy() for t in (logits, batch.label, batch.weight, batch.group)))
+    return paired
 
 
 def paired_arrays(paired: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:

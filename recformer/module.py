@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from dataclasses import asdict, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection
 
-from recformer.batch import Batch, DataError
+from recformer.batch import Batch
+from recformer.checkpoints import check_features
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.metric_names import OOV, TRAIN_LOSS
 from recformer.metrics import (
@@ -33,37 +35,40 @@ from recformer.metrics import (
     LogLoss,
     NormalizedEntropy,
 )
-from recformer.model.baselines import Arch, build_model
+from recformer.model import Arch, RankerNet, build_model
+from recformer.model.mup import hidden_lr_multiplier
 from recformer.optim import build_optimizer, build_scheduler, describe_groups
 
 log = logging.getLogger(__name__)
 
 
-def check_features(
-    data: FeatureDims,
-    ckpt: FeatureDims,
-    data_name: str,
-    ckpt_name: str,
-    labels: tuple[str, str] = ("data", "checkpoint"),
-    warn: bool = True,
-) -> None:
-    """Refuse data whose features a model built from ``ckpt``'s dims cannot read as it was trained
-    to (other columns, other sizes, string vocabularies in another order); warn (``warn``: one rank
-    of several) where a dense column is normalised otherwise, which the sizes do not show."""
-    wrong = data.mismatch(ckpt, *labels)
-    if wrong:
-        raise DataError(f"{data_name} does not match {ckpt_name}: {wrong}")
-    changed = data.encoding_changes(ckpt, *labels)
-    if changed and warn:
-        log.warning(
-            "%s encodes some columns otherwise than %s was trained on (the model sees shifted inputs): %s",
-            data_name,
-            ckpt_name,
-            "; ".join(changed),
-        )
+@runtime_checkable
+class RankerData(Protocol):
+    """What the module reads from its DataModule (``RecDataModule``)."""
+
+    oov_fields: list[str]
+    """Id fields whose unknown ids ``Batch.oov`` counts, in its order."""
+
+    def item_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Item content [item_rows, P] and item feature rows [item_rows, I]."""
+        ...
+
+
+LEGACY_KEYS = (re.compile(r"^net\."), "ranker.")
+"""State-dict keys of checkpoints written before the model attribute was named ``ranker``."""
 
 
 Stage = Literal["train", "val", "test"]
+
+
+def _metrics(exact_max_rows: int) -> dict[str, Any]:
+    """One stage's metrics; AUC exact up to ``exact_max_rows`` rows (0: binned, for training)."""
+    return {
+        "auc": BinnedAUC(exact_max_rows=exact_max_rows),
+        "logloss": LogLoss(),
+        "ne": NormalizedEntropy(),
+        "calibration": Calibration(),
+    }
 
 
 def _as(cls: type, value: Any) -> Any:
@@ -99,44 +104,38 @@ class RankerModule(pl.LightningModule):
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
         # load_from_checkpoint hands the dicts back here.
-        self.model_cfg = _as(RankerConfig, ranker)
-        self.optim_cfg = _as(OptimConfig, optim)
+        ranker_cfg, self.optim_cfg = _as(RankerConfig, ranker), _as(OptimConfig, optim)
         if dims is None:
             raise ValueError(
                 "RankerModule needs dims (FeatureDims); the CLI links them from data.feature_dims"
             )
         self.dims = _as(FeatureDims, dims)
         self.arch = arch
-        hparams = {
-            "ranker": asdict(self.model_cfg),
-            "optim": asdict(self.optim_cfg),
-            "dims": asdict(self.dims),
-        }
         self.save_hyperparameters(
-            {**hparams, "arch": arch, "compile": compile, "auc_exact_max_rows": auc_exact_max_rows}
+            {"ranker": asdict(ranker_cfg), "optim": asdict(self.optim_cfg), "dims": asdict(self.dims)}
+            | {"arch": arch, "compile": compile, "auc_exact_max_rows": auc_exact_max_rows}
         )
-        self.net = build_model(arch, self.model_cfg, self.dims)
+        self.ranker: RankerNet = build_model(arch, ranker_cfg, self.dims)
         self.compile_model = compile
-        metrics = lambda exact_max_rows: {
-            "auc": BinnedAUC(exact_max_rows=exact_max_rows),
-            "logloss": LogLoss(),
-            "ne": NormalizedEntropy(),
-            "calibration": Calibration(),
-        }
-        self.train_metrics = MetricCollection(metrics(0), prefix="train/")
-        self.val_metrics = MetricCollection(metrics(auc_exact_max_rows), prefix="val/")
-        self.test_metrics = MetricCollection(metrics(auc_exact_max_rows), prefix="test/")
-        self.val_gauc = GroupAUC()
-        self.test_gauc = GroupAUC()
-        # Eval loss over the whole split, summed exactly across ranks: Lightning's own epoch mean
-        # averages the row count across ranks as an integer, which truncates under DDP (a split of
-        # 601 rows on 2 ranks was divided by 600).
-        self.val_loss = LogLoss()
-        self.test_loss = LogLoss()
+        self.train_metrics, self.val_metrics, self.test_metrics = (
+            MetricCollection(_metrics(rows), prefix=f"{stage}/")
+            for stage, rows in (("train", 0), ("val", auc_exact_max_rows), ("test", auc_exact_max_rows))
+        )
+        self.val_gauc, self.test_gauc = GroupAUC(), GroupAUC()
+        # The eval loss over the whole split, summed across ranks by its metric: Lightning's own
+        # epoch mean averages the row count across ranks as an integer, which truncates under DDP.
+        self.val_loss, self.test_loss = LogLoss(), LogLoss()
         # Device-side counters: read on log steps only (no sync in the step path).
         self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
         self._nonfinite_in_a_row = 0
         self._oov: torch.Tensor | None = None
+        self._compiled = False
+
+    @property
+    def data(self) -> RankerData | None:
+        """The trainer's DataModule, when it provides what the module reads (in hooks: attached)."""
+        dm = self.trainer.datamodule
+        return dm if isinstance(dm, RankerData) else None
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -153,14 +152,17 @@ class RankerModule(pl.LightningModule):
                 "in every weight with a tiny gradient. Use '16-mixed' (float32 weights, loss scaling), "
                 "'bf16-mixed' or 'bf16-true'."
             )
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "item_tables"):
+        if stage == "fit" and self._trainer is not None and self.data is not None:
             # Item content vectors live in the model as buffers, so checkpoints are self-contained.
-            self.net.set_item_tables(*dm.item_tables())
+            self.ranker.set_item_tables(*self.data.item_tables())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Before the weights load (Lightning calls this first): a checkpoint trained on other
-        # features says so, instead of a state-dict size mismatch or, worse, loading fine.
+        # Before the weights load (Lightning calls this first, for load_from_checkpoint and for a
+        # resume alike): old key names are renamed, and a checkpoint trained on other features says
+        # so, instead of a state-dict size mismatch or, worse, loading fine.
+        pattern, new = LEGACY_KEYS
+        state = checkpoint.get("state_dict", {})
+        checkpoint["state_dict"] = {pattern.sub(new, k): v for k, v in state.items()}
         saved = checkpoint.get("hyper_parameters", {}).get("dims")
         if saved is not None:
             first = self._trainer is None or self._trainer.is_global_zero
@@ -169,13 +171,13 @@ class RankerModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         # Here, not in setup: Lightning knows the checkpoint a fit resumes from only after setup.
         # A new run refuses half of muP or DeepNet; a resumed one has its weights made already.
-        half = self.model_cfg.half_methods()
+        half = self.ranker.cfg.half_methods()
         if half and self.trainer.ckpt_path is None:
             raise ValueError("; ".join(half))
 
     def configure_model(self) -> None:
-        if self.compile_model and not getattr(self, "_compiled", False):
-            self.net.compile()  # in place: keeps state-dict keys (no `_orig_mod.`)
+        if self.compile_model and not self._compiled:
+            self.ranker.compile()  # in place: keeps state-dict keys (no `_orig_mod.`)
             self._compiled = True
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -185,10 +187,10 @@ class RankerModule(pl.LightningModule):
 
     # -- steps ---------------------------------------------------------------------------------
     def forward(self, batch: Batch) -> torch.Tensor:
-        return self.net(batch)
+        return self.ranker(batch)
 
     def _shared_step(self, batch: Batch, stage: Stage) -> torch.Tensor:
-        logits_B = self.net(batch).float()
+        logits_B = self.ranker(batch).float()
         w_B = batch.weight
         loss = (F.binary_cross_entropy_with_logits(logits_B, batch.label, reduction="none") * w_B).sum()
         loss = loss / w_B.sum().clamp_min(1e-12)
@@ -227,7 +229,7 @@ class RankerModule(pl.LightningModule):
     @functools.cached_property
     def _sentinel(self) -> torch.nn.Parameter:
         """The smallest trainable parameter (cheapest to touch every step)."""
-        return min((p for p in self.net.parameters() if p.requires_grad), key=lambda p: p.numel())
+        return min((p for p in self.ranker.parameters() if p.requires_grad), key=lambda p: p.numel())
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         # Unknown ids in the rows trained on this epoch, per id field: summed on the device, logged
@@ -237,8 +239,8 @@ class RankerModule(pl.LightningModule):
         return self._shared_step(batch, "train")
 
     def on_train_epoch_end(self) -> None:
-        dm = self.trainer.datamodule
-        if dm is None or not hasattr(dm, "oov_fields"):
+        dm = self.data
+        if dm is None:
             return
         counts = self._take_oov(len(dm.oov_fields))
         # Summed over ranks by Lightning's own epoch-end metric sync (sync_dist with on_step=False
@@ -265,12 +267,12 @@ class RankerModule(pl.LightningModule):
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
         self._oov = batch.oov if self._oov is None else self._oov + batch.oov
-        logits_B = self.net(batch).float()
+        logits_B = self.ranker(batch).float()
         return {"keys": batch.keys, "logit": logits_B, "score": torch.sigmoid(logits_B), "label": batch.label}
 
     def on_predict_end(self) -> None:
-        dm = self.trainer.datamodule
-        if dm is None or not hasattr(dm, "oov_fields"):
+        dm = self.data
+        if dm is None:
             return
         # Predict logs no metrics, so no other collective can interleave with this one; a rank that
         # got no rows (fewer rows than ranks) still joins the sum.
@@ -323,19 +325,17 @@ class RankerModule(pl.LightningModule):
 
     # -- optimizer -----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        cfg = self.model_cfg
         # fp16 with a GradScaler: Lightning leaves a fused AdamW to unscale inside its step, after
         # on_before_optimizer_step, where this module clips and checks gradients and the health
         # callbacks read them: they would see gradients times the loss scale. Unfused, Lightning
         # unscales first. (bf16 and fp32 have no scaler.)
-        precision = str(getattr(self._trainer, "precision", "")) if self._trainer is not None else ""
+        precision = str(self.trainer.precision) if self._trainer is not None else ""
         optimizer = build_optimizer(
-            self.net,
-            self.net.param_kinds(),
+            self.ranker,
+            self.ranker.param_kinds(),
             self.optim_cfg,
-            width_mult=cfg.width_mult,
-            mup=cfg.mup,
-            rules=getattr(self.net, "optimizer_rules", None),
+            hidden_lr_mult=hidden_lr_multiplier(self.ranker.cfg),
+            rules=self.ranker.optimizer_rules,
             fused=False if precision.startswith("16") else None,
         )
         for line in describe_groups(optimizer.param_groups):

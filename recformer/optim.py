@@ -6,18 +6,12 @@ ordered list of ``GroupRule``; the first rule that matches wins. Coverage is che
 parameter that no rule matches raises, and so does a rule that matches nothing (unless that rule is
 marked ``allow_empty``), so a renamed module can never silently move a matrix out of weight decay.
 
-muP (Yang et al. 2022, "Tensor Programs V", Table 3, Adam column; the ``mup`` package's MuAdam):
-with width multiplier m = d_model / base_d_model,
-
-- hidden matrices (both dimensions grow with width): Adam LR / m;
-- input matrices (projections of a fixed number of input features: only the output dimension
-  grows) and embedding tables: base LR. Both are muP "input weights"; they differ in weight decay,
-  which input projections get like any dense matrix (DESIGN section 5) and tables do not;
-- vectors (norm gains, biases): base LR;
-- readout (only the input dimension grows): base LR, *because* the 1/m factor lives in the
-  forward pass (the model scales the readout input by 1/m, like ``mup.MuReadout``'s output
-  multiplier). Tensor Programs V gives two equivalent parametrisations for the output layer; we
-  keep the multiplier in the forward so the readout's Adam step needs no width correction here.
+muP (``recformer.model.mup``): the hidden group's LR is multiplied by ``hidden_lr_mult`` (1/m under
+muP, 1 otherwise); every other group keeps the base LR. Input projections and embedding tables are
+both muP "input weights" (constant LR); they differ in weight decay, which input projections get
+like any dense matrix (DESIGN section 5) and tables do not. The readout keeps the base LR because
+its 1/m factor lives in the forward pass (``mup.readout_multiplier``, like ``mup.MuReadout``'s
+output multiplier): Tensor Programs V gives the two as equivalent parametrisations.
 """
 
 from __future__ import annotations
@@ -48,13 +42,10 @@ class GroupRule:
     """What ``match`` accepts, in words (quoted in coverage errors)."""
     decay: bool
     """Apply ``OptimConfig.weight_decay`` (decoupled) to this group; otherwise 0."""
-    mup_lr_div_width: bool
-    """Under muP, divide the LR by the width multiplier m (hidden matrices only, Tensor Programs V)."""
+    width_scaled_lr: bool
+    """Its LR takes the hidden matrices' width factor (``hidden_lr_mult``: muP's 1/m)."""
     allow_empty: bool = False
     """Allow this rule to match no parameter (optional parts, e.g. a model without a readout)."""
-
-    def lr_mult(self, width_mult: float, mup: bool) -> float:
-        return 1.0 / width_mult if (mup and self.mup_lr_div_width) else 1.0
 
 
 DEFAULT_RULES: tuple[GroupRule, ...] = (
@@ -63,14 +54,14 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         lambda name, kind, ndim: kind == "hidden" and ndim >= 2,
         "kind 'hidden', ndim >= 2",
         decay=True,
-        mup_lr_div_width=True,
+        width_scaled_lr=True,
     ),
     GroupRule(
         "readout",
         lambda name, kind, ndim: kind == "readout" and ndim >= 2,
         "kind 'readout', ndim >= 2",
         decay=True,
-        mup_lr_div_width=False,  # the 1/m multiplier is in the forward pass (module docstring)
+        width_scaled_lr=False,  # the 1/m multiplier is in the forward pass (module docstring)
         allow_empty=True,
     ),
     GroupRule(
@@ -78,7 +69,7 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         lambda name, kind, ndim: kind == "input" and ndim >= 2,
         "kind 'input', ndim >= 2 (projections of input features)",
         decay=True,  # a dense matrix, updated by every sample
-        mup_lr_div_width=False,  # fixed fan-in: a muP input weight
+        width_scaled_lr=False,  # fixed fan-in: a muP input weight
         allow_empty=True,  # a spec without dense, embedding or content inputs has none
     ),
     GroupRule(
@@ -86,14 +77,14 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         lambda name, kind, ndim: kind == "embedding",
         "kind 'embedding' (tables, learned CLS/slot vectors)",
         decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
-        mup_lr_div_width=False,
+        width_scaled_lr=False,
     ),
     GroupRule(
         "vector",
         lambda name, kind, ndim: kind == "vector" and ndim <= 1,
         "kind 'vector', ndim <= 1",
         decay=False,  # decaying norm gains toward 0 fights the normalisation
-        mup_lr_div_width=False,
+        width_scaled_lr=False,
     ),
 )
 """hidden matrices, readout, input projections, embedding tables, vectors (norm gains and biases)."""
@@ -123,17 +114,17 @@ def build_param_groups(
     model: nn.Module,
     kinds: dict[str, str],
     cfg: OptimConfig,
-    width_mult: float = 1.0,
-    mup: bool = False,
+    hidden_lr_mult: float = 1.0,
     rules: Sequence[GroupRule] | None = None,
 ) -> list[dict]:
     """AdamW parameter groups, one per rule that matched something, in rule order.
 
-    Each group holds "params", "name", "lr" (cfg.lr times the rule's multiplier), "weight_decay",
-    "lr_mult" and "param_names" (for per-group logging). Frozen parameters are skipped.
+    Each group holds "params", "name", "lr" (cfg.lr, times ``hidden_lr_mult`` for the rules with
+    ``width_scaled_lr``), "weight_decay", "lr_mult" and "param_names" (for per-group logging).
+    Frozen parameters are skipped.
     """
-    if not (math.isfinite(width_mult) and width_mult > 0):
-        raise ValueError(f"width_mult={width_mult} must be a finite number > 0 (d_model / base_d_model)")
+    if not (math.isfinite(hidden_lr_mult) and hidden_lr_mult > 0):
+        raise ValueError(f"hidden_lr_mult={hidden_lr_mult} must be a finite number > 0 (muP: 1/m)")
     rules = tuple(DEFAULT_RULES if rules is None else rules)
     names = [r.name for r in rules]
     if len(set(names)) != len(names):
@@ -164,7 +155,7 @@ def build_param_groups(
     for r in rules:
         if not members[r.name]:
             continue
-        mult = r.lr_mult(width_mult, mup)
+        mult = hidden_lr_mult if r.width_scaled_lr else 1.0
         groups.append(
             {
                 "name": r.name,
@@ -202,8 +193,7 @@ def build_optimizer(
     model: nn.Module,
     kinds: dict[str, str],
     cfg: OptimConfig,
-    width_mult: float = 1.0,
-    mup: bool = False,
+    hidden_lr_mult: float = 1.0,
     fused: bool | None = None,
     rules: Sequence[GroupRule] | None = None,
 ) -> torch.optim.AdamW:
@@ -212,7 +202,7 @@ def build_optimizer(
     ``fused=None`` picks the fused kernel when every parameter is on CUDA (one kernel launch per
     step instead of a handful per tensor list), the multi-tensor ``foreach`` path otherwise.
     """
-    groups = build_param_groups(model, kinds, cfg, width_mult, mup, rules)
+    groups = build_param_groups(model, kinds, cfg, hidden_lr_mult, rules)
     params = [p for g in groups for p in g["params"]]
     on_cuda = bool(params) and all(p.is_cuda for p in params)
     if fused is None:

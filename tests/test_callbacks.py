@@ -26,10 +26,11 @@ from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.probe import ProbeStats, row_norm_percentiles
 from recformer.callbacks.sink import HEALTH_FILE, MetricSink
 from recformer.callbacks.stability import LossSpikes
-from recformer.callbacks.throughput import Throughput, model_flops_per_sample
+from recformer.callbacks.throughput import Throughput
 from recformer.config import OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
-from recformer.model.baselines import build_model
+from recformer.model import build_model
+from recformer.model.flops import flops_per_sample, total
 from recformer.module import RankerModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +162,7 @@ def test_metrics_reach_every_logger_and_the_local_file_at_log_steps_only(recorde
     # Throughput starts its clock at the end of step 1, so the first log step already has a rate.
     assert records[-1][mn.SAMPLES_PER_S] > 0
     assert records[-1][mn.TOKENS_PER_S] == pytest.approx(
-        records[-1][mn.SAMPLES_PER_S] * r.module.net.n_tokens
+        records[-1][mn.SAMPLES_PER_S] * r.module.ranker.n_tokens
     )
     # CSVLogger got them too: the doctor can read metrics.csv alone.
     header = (r.out / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -180,16 +181,16 @@ class ManualStats(Callback):
         step = trainer.global_step + 1
         self.grad[step] = [
             torch.cat([p.grad.flatten() for p in b.parameters() if p.grad is not None]).norm().item()
-            for b in pl_module.net.blocks
+            for b in pl_module.ranker.blocks
         ]
         self._before = [
-            [p.detach().clone() for p in b.parameters() if p.ndim >= 2] for b in pl_module.net.blocks
+            [p.detach().clone() for p in b.parameters() if p.ndim >= 2] for b in pl_module.ranker.blocks
         ]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         ratios = []
-        for b, before in zip(pl_module.net.blocks, self._before):
+        for b, before in zip(pl_module.ranker.blocks, self._before):
             after = [p.detach() for p in b.parameters() if p.ndim >= 2]
             d = torch.cat([(a - w).flatten() for a, w in zip(after, before)]).norm()
             ratios.append((d / torch.cat([w.flatten() for w in before]).norm()).item())
@@ -210,7 +211,7 @@ def test_grad_norms_and_update_ratios_equal_a_direct_computation(recorded_run):
 def test_weight_norm_and_adam_v_equal_a_direct_computation(recorded_run):
     _, records = read_health(recorded_run.out)
     last = records[-1]  # the final step: the weights and optimizer state are still as logged
-    net, opt = recorded_run.module.net, recorded_run.trainer.optimizers[0]
+    net, opt = recorded_run.module.ranker, recorded_run.trainer.optimizers[0]
     for i, b in enumerate(net.blocks):
         w = torch.cat([p.detach().flatten() for p in b.parameters() if p.ndim >= 2]).norm().item()
         assert last[mn.WEIGHT_NORM.format(i=i)] == pytest.approx(w, rel=1e-5)
@@ -225,17 +226,17 @@ def test_probe_metrics_equal_the_models_stats_on_the_probe_batch(recorded_run):
     last = records[-1]
     probe = next(cb for cb in recorded_run.trainer.callbacks if isinstance(cb, ProbeStats))
     assert len(probe._probe) == min(probe.batch_size, 120)  # from the validation split
-    net = recorded_run.module.net.eval()
+    net = recorded_run.module.ranker.eval()
     with torch.no_grad():
-        _, stats = net(probe._probe, return_stats=True)
+        _, stats = net.forward_stats(probe._probe)
     for i in range(2):
-        assert last[mn.COS_ADJACENT.format(i=i)] == pytest.approx(stats["cos_adjacent"][i].item(), rel=1e-5)
-        assert last[mn.RESID_RMS.format(i=i)] == pytest.approx(stats["resid_rms"][i].item(), rel=1e-5)
+        assert last[mn.COS_ADJACENT.format(i=i)] == pytest.approx(stats.cos_adjacent_Y[i].item(), rel=1e-5)
+        assert last[mn.RESID_RMS.format(i=i)] == pytest.approx(stats.resid_rms_Y[i].item(), rel=1e-5)
         assert last[mn.ATTN_LOGIT_MAX.format(i=i)] == pytest.approx(
-            stats["attn_logit_max"][i].max().item(), rel=1e-5
+            stats.attn_logit_max_YN[i].max().item(), rel=1e-5
         )
         assert last[mn.ATTN_ENTROPY.format(i=i)] == pytest.approx(
-            stats["attn_entropy"][i].mean().item(), rel=1e-5
+            stats.attn_entropy_YN[i].mean().item(), rel=1e-5
         )
     d = net.tokens.dims
     start = net.tokens.item_offset
@@ -244,8 +245,8 @@ def test_probe_metrics_equal_the_models_stats_on_the_probe_batch(recorded_run):
     assert last[mn.EMB_ROW_NORM.format(table="item", q=50)] == pytest.approx(
         norms[round(0.5 * (len(norms) - 1))].item(), rel=1e-6
     )
-    assert recorded_run.module.net.training is False  # we set eval above; the probe restores train mode
-    recorded_run.module.net.train()
+    assert recorded_run.module.ranker.training is False  # we set eval above; the probe restores train mode
+    recorded_run.module.ranker.train()
 
 
 def test_row_norm_percentiles_are_nearest_rank():
@@ -295,7 +296,10 @@ def test_callbacks_sync_once_per_log_step_and_never_on_other_steps(tiny_data, tm
 # -- loss spikes ------------------------------------------------------------------------------
 def _feed(spikes: LossSpikes, losses: list[float], start: int = 0) -> None:
     for k, v in enumerate(losses, start=start + 1):
-        spikes._observe(SimpleNamespace(global_step=k, is_global_zero=True), {"loss": torch.tensor(v)})
+        spikes._observe(
+            SimpleNamespace(global_step=k, is_global_zero=True, accumulate_grad_batches=1),
+            {"loss": torch.tensor(v)},
+        )
 
 
 def test_spike_detector_counts_one_outlier_and_ignores_nan():
@@ -393,8 +397,8 @@ def test_flops_per_sample_matches_a_flop_counter(tiny_data, arch, layers):
     net.set_item_tables(*dm.item_tables())
     with FlopCounterMode(display=False) as counter:
         net(batch).sum().backward()
-    assert model_flops_per_sample(net) == net.flops_per_sample()
-    assert counter.get_total_flops() / len(batch) == pytest.approx(net.flops_per_sample(), rel=0.05)
+    assert flops_per_sample(net) == total(net.flop_terms())
+    assert counter.get_total_flops() / len(batch) == pytest.approx(flops_per_sample(net), rel=0.05)
 
 
 def test_trainer_config_turns_the_health_callbacks_on():
@@ -414,7 +418,9 @@ def test_prediction_writer_writes_uint64_keys_back_as_uint64(tmp_path):
         unsigned_keys={"test": frozenset({"hashed"})},
         predict_split="test",
     )
-    trainer = SimpleNamespace(datamodule=dm, world_size=1, global_rank=0, log_dir=str(tmp_path))
+    trainer = SimpleNamespace(
+        datamodule=dm, world_size=1, global_rank=0, log_dir=str(tmp_path), ckpt_path=None
+    )
     hashed = np.array([2**64 - 1, 2**63, 5], dtype=np.uint64)
     keys = torch.from_numpy(np.stack([hashed.view(np.int64), np.array([-1, 0, 7])], axis=1))
     pred = {"keys": keys, "score": torch.rand(3), "logit": torch.zeros(3), "label": torch.ones(3)}

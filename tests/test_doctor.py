@@ -28,7 +28,7 @@ class KickHead(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step:
-            w = pl_module.net.head.out.weight
+            w = pl_module.ranker.head.out.weight
             with torch.no_grad():
                 w.add_(self.scale * torch.randn(w.shape, generator=torch.Generator().manual_seed(0)))
 
@@ -46,9 +46,9 @@ class NaNBatch(Callback):
 
 def _scale_qk(factor: float):
     def prep(module):
-        D = module.model_cfg.d_model
+        D = module.ranker.cfg.d_model
         with torch.no_grad():
-            for b in module.net.blocks:
+            for b in module.ranker.blocks:
                 b.attn.qkv.weight[: 2 * D].mul_(factor)  # rows: q then k then v
 
     return prep
@@ -56,12 +56,12 @@ def _scale_qk(factor: float):
 
 def _scale_tokens(module):
     with torch.no_grad():
-        for p in module.net.tokens.parameters():
+        for p in module.ranker.tokens.parameters():
             p.mul_(50.0)  # a residual stream 50x larger than what any block adds to it
 
 
 def _freeze_bottom(module):
-    module.net.blocks[0].requires_grad_(False)
+    module.ranker.blocks[0].requires_grad_(False)
 
 
 CONSTANT = dict(warmup_steps=0, schedule="constant")
@@ -247,8 +247,8 @@ def test_an_all_nan_gradient_ratio_is_not_called_starvation(tmp_path, capsys):
 
 
 def test_a_nan_loss_is_a_finding_even_with_no_step_counted(tmp_path, capsys):
-    """The run of the bug report: train/loss NaN at two steps while health/nonfinite_steps stayed 0
-    (a NaN loss with zero gradients passed the gradient guard); it had got a clean bill."""
+    """train/loss NaN at two steps while health/nonfinite_steps stays 0 (a NaN loss with zero
+    gradients, which a gradient guard alone lets through): a finding, not a clean bill."""
     run = tmp_path / "nan_loss"
     run.mkdir()
     loss = {20: "nan", 40: "nan"}

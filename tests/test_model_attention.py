@@ -82,19 +82,17 @@ def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, m
 
 
 @pytest.mark.parametrize("qk", ["none", "head"])
-def test_probe_path_equals_training_path_and_reports_logit_max_and_entropy(qk: str) -> None:
+def test_explicit_path_equals_training_path_and_reports_logit_max_and_entropy(qk: str) -> None:
     attn, x, valid, scale = _setup(qk, "rms", mup=False, seed=1)
     attend = valid[:, None, None, :]
     fast = attn(x, attend)
-    attn.probe = {}
-    slow = attn(x, attend)
-    probe, attn.probe = attn.probe, None
+    slow, stats = attn.explicit(x, attend)
     torch.testing.assert_close(slow, fast, rtol=1e-9, atol=1e-10)
 
     _, logits, p = reference_attention(attn, x, valid, qk, "rms", scale)
     q_valid = valid[:, None, :, None]
     want_max = logits.masked_fill(~q_valid, float("-inf")).amax(dim=(0, 2, 3))
-    torch.testing.assert_close(probe["logit_max_N"], want_max)
+    torch.testing.assert_close(stats.logit_max_N, want_max)
     # Entropy / log(valid keys) averaged over valid queries, by a per-sample loop.
     ent = torch.zeros(attn.n_heads, dtype=torch.float64)
     count = 0
@@ -104,16 +102,15 @@ def test_probe_path_equals_training_path_and_reports_logit_max_and_entropy(qk: s
             pk = p[b, :, t, keys]
             ent += -(pk * pk.log()).sum(-1) / math.log(int(keys.sum()))
             count += 1
-    torch.testing.assert_close(probe["entropy_N"], ent / count)
+    torch.testing.assert_close(stats.entropy_N, ent / count)
 
 
 def test_entropy_is_one_for_uniform_attention() -> None:
     attn, x, valid, _ = _setup("none", "rms", mup=False)
     with torch.no_grad():
         attn.qkv.weight[:16].zero_()  # q = 0: every logit equal, softmax uniform over the valid keys
-    attn.probe = {}
-    attn(x, valid[:, None, None, :])
-    torch.testing.assert_close(attn.probe["entropy_N"], torch.ones(attn.n_heads, dtype=torch.float64))
+    _, stats = attn.explicit(x, valid[:, None, None, :])
+    torch.testing.assert_close(stats.entropy_N, torch.ones(attn.n_heads, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("mode", ["head", "full"])
@@ -128,9 +125,8 @@ def test_qk_norm_bounds_logits_when_qk_weights_grow(mode: str) -> None:
             attn.qkv.weight.normal_(0, 0.02)
             attn.qkv.weight[: 2 * cfg.d_model] *= gain
         x = torch.randn(4, 10, cfg.d_model)
-        attn.probe = {}
-        attn(x, None)
-        return float(attn.probe["logit_max_N"].max())
+        _, stats = attn.explicit(x, None)
+        return float(stats.logit_max_N.max())
 
     plain_before, plain_after = max_logit("none", 1.0), max_logit("none", 100.0)
     qk_before, qk_after = max_logit(mode, 1.0), max_logit(mode, 100.0)

@@ -12,14 +12,15 @@ from recformer.config import RankerConfig
 from recformer.model import Ranker, init_weights
 from tests._model_batches import random_batch, random_item_tables, tiny_dims
 
-METHODS = ["normal", "xavier", "scaled", "depth", "deepnorm", "mup"]
+METHODS = ["normal", "xavier", "scaled", "depth", "deepnorm", "mup", "scaled+mup"]
+"""Init methods; "mup" is the deprecated name of normal under muP, "scaled+mup" muP on GPT-2's init."""
 
 
 def _cfg(method: str, **kw) -> RankerConfig:
-    base = dict(d_model=128, n_heads=4, n_layers=4, init=method, init_std=0.02)
+    base = dict(d_model=128, n_heads=4, n_layers=4, init=method.removesuffix("+mup"), init_std=0.02)
     if method == "deepnorm":
         base["norm_placement"] = "deepnorm"
-    if method == "mup":
+    if method.endswith("mup"):
         base.update(mup=True, d_model=256, base_d_model=64)  # m = 4
     base.update(kw)
     return RankerConfig(**base)
@@ -27,7 +28,7 @@ def _cfg(method: str, **kw) -> RankerConfig:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_init_weights_covers_every_parameter(method: str) -> None:
-    ranker = Ranker(_cfg(method, d_model=32 if method != "mup" else 64, n_layers=2), tiny_dims())
+    ranker = Ranker(_cfg(method, d_model=32 if not method.endswith("mup") else 64, n_layers=2), tiny_dims())
     assert init_weights(ranker) == {name for name, _ in ranker.named_parameters()}
 
 
@@ -36,6 +37,8 @@ def _expected_std(method: str, role: str, layer: int, D: int, M: int, L: int) ->
     fan = {"q": (D, D), "k": (D, D), "v": (D, D), "out": (D, D), "up": (D, M), "down": (M, D)}[role]
     xavier = math.sqrt(2 / sum(fan))
     writer = role in ("out", "down")
+    if method.endswith("+mup"):  # muP divides the method's std by sqrt(m)
+        return _expected_std(method.removesuffix("+mup"), role, layer, D, M, L) / math.sqrt(D / 64)
     if method == "normal":
         return 0.02
     if method == "xavier":
@@ -79,7 +82,7 @@ def test_init_std_within_20_percent_of_policy(method: str, mlp: str) -> None:
     # Embedding tables stay at init_std under every method (muP: constant in width).
     assert float(ranker.tokens.table.weight.detach().std()) == pytest.approx(0.02, rel=0.2)
     head = ranker.head
-    want_head = 0.02 / math.sqrt(D / 64) if method == "mup" else 0.02
+    want_head = 0.02 / math.sqrt(D / 64) if method.endswith("mup") else 0.02
     if method in ("xavier", "deepnorm"):
         want_head = math.sqrt(2 / (head.hidden.in_features + head.hidden.out_features))
     assert float(head.hidden.weight.detach().std()) == pytest.approx(want_head, rel=0.2)
@@ -115,7 +118,7 @@ def test_param_kinds_cover_every_parameter_with_the_right_kind() -> None:
     ("kwargs", "match"),
     [
         ({"init": "deepnorm"}, "init='deepnorm' only makes sense with norm_placement='deepnorm'"),
-        ({"mup": True}, "mup=True needs init='mup'"),
+        ({"mup": True, "init": "xavier"}, "mup=True with init='xavier'"),
     ],
 )
 def test_half_a_method_is_refused(kwargs, match):

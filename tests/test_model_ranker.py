@@ -45,18 +45,18 @@ def test_padded_history_slots_change_no_output(placement: str) -> None:
     ranker = _ranker(dims, norm_placement=placement)
     batch = random_batch(dims, batch_size=8, empty_history=2)
     assert (~batch.hist_mask).any()
-    logits, stats = ranker(batch, return_stats=True)
+    logits, stats = ranker.forward_stats(batch)
     other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
-    logits2, stats2 = ranker(other, return_stats=True)
+    logits2, stats2 = ranker.forward_stats(other)
     torch.testing.assert_close(logits2, logits, rtol=0, atol=1e-6)  # probe path
     torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)  # training path (SDPA)
     valid = torch.ones(logits.shape[0], ranker.n_tokens, dtype=torch.bool)
     n_ctx = ranker.tokens.n_context
     valid[:, n_ctx : n_ctx + dims.max_len] = batch.hist_mask
-    for h, h2 in zip(stats["hidden"][1:], stats2["hidden"][1:]):
+    for h, h2 in zip(stats.hidden[1:], stats2.hidden[1:]):
         torch.testing.assert_close(h2[valid], h[valid], rtol=0, atol=1e-6)
-    for key in ("resid_rms", "attn_logit_max", "attn_entropy", "cos_adjacent"):
-        torch.testing.assert_close(stats2[key], stats[key], rtol=0, atol=1e-6)
+    for key in ("resid_rms_Y", "attn_logit_max_YN", "attn_entropy_YN", "cos_adjacent_Y"):
+        torch.testing.assert_close(getattr(stats2, key), getattr(stats, key), rtol=0, atol=1e-6)
     # The same change on real events must move the logits, or the test above proves nothing.
     changed = _scramble(batch, batch.hist_mask, dims, seed=2)
     assert (ranker(changed) - logits).abs().max() > 1e-4  # 100x the tolerance above
@@ -67,10 +67,10 @@ def test_empty_histories_give_finite_outputs_and_stats() -> None:
     ranker = _ranker(dims)
     batch = random_batch(dims, batch_size=4, empty_history=4)  # no sample has any event
     assert not batch.hist_mask.any()
-    logits, stats = ranker(batch, return_stats=True)
+    logits, stats = ranker.forward_stats(batch)
     assert torch.isfinite(logits).all()
-    for key in ("resid_rms", "attn_logit_max", "attn_entropy", "cos_adjacent"):
-        assert torch.isfinite(stats[key]).all(), key
+    for key in ("resid_rms_Y", "attn_logit_max_YN", "attn_entropy_YN", "cos_adjacent_Y"):
+        assert torch.isfinite(getattr(stats, key)).all(), key
     ranker.train()
     torch.nn.functional.binary_cross_entropy_with_logits(ranker(batch), batch.label).backward()
     assert all(torch.isfinite(p.grad).all() for p in ranker.parameters() if p.grad is not None)
@@ -81,9 +81,9 @@ def test_model_without_history_or_context_features() -> None:
     ranker = _ranker(dims)
     batch = random_batch(dims, batch_size=3)
     assert ranker.n_tokens == 2
-    logits, stats = ranker(batch, return_stats=True)
+    logits, stats = ranker.forward_stats(batch)
     assert logits.shape == (3,) and torch.isfinite(logits).all()
-    assert stats["attn_entropy"].shape == (2, 2)
+    assert stats.attn_entropy_YN.shape == (2, 2)
 
 
 def test_tokens_equal_per_field_lookups() -> None:
@@ -133,22 +133,22 @@ def test_stats_have_the_documented_shapes_and_values() -> None:
     dims = tiny_dims()
     ranker = _ranker(dims, n_layers=3)
     batch = random_batch(dims, batch_size=6)
-    logits, stats = ranker(batch, return_stats=True)
-    L, N, T = 3, 2, ranker.n_tokens
+    logits, stats = ranker.forward_stats(batch)
+    Y, N, T = 3, 2, ranker.n_tokens
     torch.testing.assert_close(logits, ranker(batch))
     assert logits.dtype == torch.float32 and logits.shape == (6,)
-    assert len(stats["hidden"]) == L + 1 and all(h.shape == (6, T, 16) for h in stats["hidden"])
-    assert stats["resid_rms"].shape == (L,) and stats["cos_adjacent"].shape == (L,)
-    assert stats["attn_logit_max"].shape == (L, N) and stats["attn_entropy"].shape == (L, N)
-    assert ((stats["attn_entropy"] > 0) & (stats["attn_entropy"] <= 1 + 1e-6)).all()
+    assert len(stats.hidden) == Y + 1 and all(h.shape == (6, T, 16) for h in stats.hidden)
+    assert stats.resid_rms_Y.shape == (Y,) and stats.cos_adjacent_Y.shape == (Y,)
+    assert stats.attn_logit_max_YN.shape == (Y, N) and stats.attn_entropy_YN.shape == (Y, N)
+    assert ((stats.attn_entropy_YN > 0) & (stats.attn_entropy_YN <= 1 + 1e-6)).all()
     valid = torch.ones(6, T, dtype=torch.bool)
     n_ctx = ranker.tokens.n_context
     valid[:, n_ctx : n_ctx + dims.max_len] = batch.hist_mask
-    for i in range(L):
-        h_in, h_out = stats["hidden"][i][valid], stats["hidden"][i + 1][valid]
-        torch.testing.assert_close(stats["resid_rms"][i], h_out.pow(2).mean().sqrt())
+    for i in range(Y):
+        h_in, h_out = stats.hidden[i][valid], stats.hidden[i + 1][valid]
+        torch.testing.assert_close(stats.resid_rms_Y[i], h_out.pow(2).mean().sqrt())
         cos = torch.nn.functional.cosine_similarity(h_in, h_out, dim=-1).mean()
-        torch.testing.assert_close(stats["cos_adjacent"][i], cos)
+        torch.testing.assert_close(stats.cos_adjacent_Y[i], cos)
 
 
 def test_item_tables_are_persistent_compact_buffers_and_used() -> None:
@@ -220,9 +220,9 @@ def _compile_parity(backend: str) -> None:
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-6, msg=name)
     # The probe path still runs (eagerly) on the compiled ranker and agrees with it.
-    y_s, stats = compiled(batch, return_stats=True)
+    y_s, stats = compiled.forward_stats(batch)
     torch.testing.assert_close(y_s, y_c, rtol=1e-5, atol=1e-5)
-    assert len(stats["hidden"]) == 3
+    assert len(stats.hidden) == 3
 
 
 def test_compiled_and_eager_ranker_agree_and_share_state_dict_keys() -> None:

@@ -153,7 +153,7 @@ def test_item_content_is_in_the_checkpoint(tiny_data, tmp_path):
     cli = cli_main(fit_args(tiny_data, tmp_path, "--trainer.max_epochs=1"))
     ckpt = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    content = state["net.tokens.item_content"]
+    content = state["ranker.tokens.item_content"]
     side = pq.read_table(tiny_data / "items.parquet").to_pydict()["content"]
     assert content[1 + 3].tolist() == pytest.approx(side[3], abs=1e-3)
 
@@ -430,7 +430,7 @@ def test_nonfinite_step_is_skipped_and_counted(tiny_data, tmp_path):
 
     class Snap(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            snapshots[trainer.global_step] = {k: v.clone() for k, v in pl_module.net.state_dict().items()}
+            snapshots[trainer.global_step] = {k: v.clone() for k, v in pl_module.ranker.state_dict().items()}
 
     _trainer(tmp_path, max_steps=6, callbacks=[NaNAt({3}), Snap()]).fit(m, dm)
     assert int(m.nonfinite_total) == 1
@@ -469,9 +469,9 @@ def test_baselines_train_through_the_same_module(tiny_data, tmp_path, arch):
     dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
     pl.seed_everything(0)
     m = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=2, lr=1e-2), dims=dm.feature_dims, arch=arch)
-    before = {k: v.clone() for k, v in m.net.state_dict().items()}
+    before = {k: v.clone() for k, v in m.ranker.state_dict().items()}
     _trainer(tmp_path, max_steps=5).fit(m, dm)
-    changed = [k for k, v in m.net.state_dict().items() if not torch.equal(v, before[k])]
+    changed = [k for k, v in m.ranker.state_dict().items() if not torch.equal(v, before[k])]
     assert changed
 
 
@@ -605,7 +605,7 @@ def test_compiled_module_trains_and_keeps_state_dict_keys(tiny_data, tmp_path):
     m = RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=1), dims=dm.feature_dims, compile=True)
     keys = set(m.state_dict())
     _trainer(tmp_path, max_steps=3).fit(m, dm)
-    assert m.net._compiled_call_impl is not None  # nn.Module.compile() in place
+    assert m.ranker._compiled_call_impl is not None  # nn.Module.compile() in place
     assert set(m.state_dict()) == keys  # no `_orig_mod.` prefixes
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
@@ -616,12 +616,12 @@ def test_true_half_precision_keeps_the_metric_states_in_their_dtypes(tiny_data, 
     dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0, validate="footer")
     m = _module(dm)
     m.to(dtype=torch.bfloat16)
-    assert m.net.head.out.weight.dtype == torch.bfloat16
+    assert m.ranker.head.out.weight.dtype == torch.bfloat16
     sums = lambda m: [getattr(x, n) for x in m.modules() if isinstance(x, Metric) for n in x._defaults]
     assert sums(m) and all(v == [] or v.dtype == torch.float64 for v in sums(m))
     fitted = _module(dm)
     _trainer(tmp_path, max_steps=5, precision="bf16-true").fit(fitted, dm)  # raised in BinnedAUC
-    assert fitted.trainer.global_step == 5 and fitted.net.head.out.weight.dtype == torch.bfloat16
+    assert fitted.trainer.global_step == 5 and fitted.ranker.head.out.weight.dtype == torch.bfloat16
     assert all(v == [] or v.dtype == torch.float64 for v in sums(fitted))
 
 
@@ -715,7 +715,7 @@ def test_half_deepnet_is_refused_for_a_new_fit_but_its_checkpoint_still_loads(
         trainer.fit(module(), dm)
     old = tmp_path / "old.ckpt"
     trainer.save_checkpoint(old)
-    assert RankerModule.load_from_checkpoint(old, weights_only=True).model_cfg.norm_placement == "deepnorm"
+    assert RankerModule.load_from_checkpoint(old, weights_only=True).ranker.cfg.norm_placement == "deepnorm"
     resumed = module()
     _trainer(tmp_path, max_steps=8).fit(resumed, dm, ckpt_path=old)
     assert resumed.trainer.global_step == 8

@@ -70,12 +70,20 @@ def test_no_decay_on_norms_biases_embeddings():
     assert g["embedding"]["param_names"] == ["emb.weight"]
 
 
+def _mup_lr_mult(mup: bool) -> float:
+    """muP's hidden-LR factor at width multiplier m = 256 / 64 = 4."""
+    from recformer.config import RankerConfig
+    from recformer.model.mup import hidden_lr_multiplier
+
+    return hidden_lr_multiplier(RankerConfig(d_model=256, base_d_model=64, mup=mup))
+
+
 def test_mup_divides_hidden_lr_only():
-    g = _groups(width_mult=4.0, mup=True)
+    g = _groups(hidden_lr_mult=_mup_lr_mult(True))
     assert g["hidden"]["lr"] == pytest.approx(1e-3 / 4)
     for name in ("readout", "embedding", "vector"):
         assert g[name]["lr"] == pytest.approx(1e-3), name
-    g = _groups(width_mult=4.0, mup=False)
+    g = _groups(hidden_lr_mult=_mup_lr_mult(False))
     assert {x["lr"] for x in g.values()} == {1e-3}
 
 
@@ -95,18 +103,17 @@ def test_ranker_input_projections_decay_and_keep_the_base_lr_under_mup():
     section 5) with a fixed fan-in (a muP input weight: LR constant in width); embedding tables and
     the CLS / slot vectors are not decayed."""
     from recformer.config import RankerConfig
-    from recformer.model.baselines import build_model
+    from recformer.model import build_model
     from tests.conftest import tiny_spec
 
     for arch, mup in (("transformer", True), ("din", False)):  # DIN has no muP: build_model refuses it
-        init = "mup" if mup else "normal"
-        cfg = RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=mup, init=init, base_d_model=8)
+        cfg = RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=mup, init="normal", base_d_model=8)
         model = build_model(arch, cfg, tiny_spec().dims())
         groups = {
             g["name"]: g
             for g in build_param_groups(
-                model, model.param_kinds(), OptimConfig(lr=1e-3), width_mult=4.0, mup=mup,
-                rules=getattr(model, "optimizer_rules", None),
+                model, model.param_kinds(), OptimConfig(lr=1e-3), hidden_lr_mult=0.25 if mup else 1.0,
+                rules=model.optimizer_rules,
             )
         }  # fmt: skip
         assert sorted(groups["input"]["param_names"]) == [
@@ -123,13 +130,11 @@ def test_ranker_input_projections_decay_and_keep_the_base_lr_under_mup():
 
 def test_din_refuses_mup():
     from recformer.config import RankerConfig
-    from recformer.model.baselines import build_model
+    from recformer.model import build_model
     from tests.conftest import tiny_spec
 
     with pytest.raises(ValueError, match="arch='din' does not implement muP"):
-        build_model(
-            "din", RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=True, init="mup"), tiny_spec().dims()
-        )
+        build_model("din", RankerConfig(d_model=32, n_layers=2, n_heads=2, mup=True), tiny_spec().dims())
 
 
 def test_unknown_and_unmatched_params_raise():
@@ -175,7 +180,7 @@ def test_schedule_values():
 
 def test_scheduler_keeps_per_group_multipliers():
     cfg = OptimConfig(lr=1e-2, warmup_steps=4, schedule="cosine")
-    opt = build_optimizer(Toy(), KINDS, cfg, width_mult=2.0, mup=True)
+    opt = build_optimizer(Toy(), KINDS, cfg, hidden_lr_mult=0.5)
     sched = build_scheduler(opt, cfg, total_steps=20)
     for _ in range(4):
         opt.step()

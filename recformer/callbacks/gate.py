@@ -22,7 +22,7 @@ def cadence(trainer: Any, every_n_steps: int | None) -> int:
     """A callback's cadence: its own ``every_n_steps`` if set, else ``trainer.log_every_n_steps``."""
     if every_n_steps is not None:
         return every_n_steps
-    return int(getattr(trainer, "log_every_n_steps", 0) or 0)
+    return int(trainer.log_every_n_steps or 0)
 
 
 def step_in_progress(trainer: Any) -> int:

@@ -1,6 +1,6 @@
 """Gradient, update, weight and Adam-state statistics from the optimizer hooks, on log steps only.
 
-Per block ``i`` of ``pl_module.net.blocks`` (0 = bottom), DESIGN section 6:
+Per block ``i`` of the ranker's ``transformer_blocks()`` (0 = bottom), DESIGN section 6:
 
 - ``health/grad_norm/block_{i}``: L2 norm of all the block's gradients, read in
   ``on_before_optimizer_step``: after backward (under DDP already all-reduced, so every rank holds
@@ -33,13 +33,6 @@ from recformer.callbacks.sink import MetricSource, StepMetrics
 from recformer.metric_names import ADAM_V, GRAD_NORM, GRAD_RATIO_BOTTOM_TOP, UPDATE_RATIO, WEIGHT_NORM
 
 
-def model_blocks(pl_module: nn.Module) -> list[nn.Module]:
-    """The Transformer blocks of the module's model (``pl_module.net.blocks``); [] for baselines."""
-    net = getattr(pl_module, "net", pl_module)
-    blocks = getattr(net, "blocks", None)
-    return list(blocks) if isinstance(blocks, nn.ModuleList) else []
-
-
 def _segment_norms(norms: list[torch.Tensor], segment: torch.Tensor, n: int) -> torch.Tensor:
     """Combine per-tensor L2 norms into per-segment L2 norms: sqrt(sum of squares) per block."""
     sq = torch.stack(norms).float().square()
@@ -63,7 +56,7 @@ class OptimizerHealth(MetricSource):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        self._blocks = model_blocks(pl_module)
+        self._blocks = list(pl_module.ranker.transformer_blocks())
         # Parameter lists and block ids are built once; the hooks only index into them.
         self._params = [p for b in self._blocks for p in b.parameters()]
         self._param_block = [i for i, b in enumerate(self._blocks) for _ in b.parameters()]
@@ -97,7 +90,7 @@ class OptimizerHealth(MetricSource):
             self._before = torch._foreach_mul([p.detach() for p in self._mats], 1.0)  # a copy
 
     @torch.no_grad()
-    def gather(
+    def collect(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
     ) -> None:
         n = len(self._blocks)

@@ -55,7 +55,7 @@ class ParquetPredictionWriter(BasePredictionWriter):
         if stage != "predict":
             return
         log_dir = trainer.log_dir  # broadcasts under DDP: every rank asks, even one with no batches
-        name = default_name(trainer, self.checkpoint or getattr(trainer, "ckpt_path", None))
+        name = default_name(trainer, self.checkpoint or trainer.ckpt_path)
         base = Path(self.output) if self.output else Path(log_dir or ".") / name
         world = trainer.world_size
         taken = [str(p) for p in (rank_file(base, r, world) for r in range(world)) if p.exists()]
@@ -75,8 +75,8 @@ class ParquetPredictionWriter(BasePredictionWriter):
     ):
         keys = prediction["keys"].cpu().numpy()
         dm = trainer.datamodule
-        names = dm.spec.keys if dm is not None else []
-        unsigned = getattr(dm, "unsigned_keys", {}).get(getattr(dm, "predict_split", None), frozenset())
+        names = dm.spec.keys
+        unsigned = dm.unsigned_keys.get(dm.predict_split, frozenset())
         # uint64 keys crossed as their bits in int64: the same values back, not wrapped ones.
         cols = {n: keys[:, j].view(np.uint64) if n in unsigned else keys[:, j] for j, n in enumerate(names)}
         cols.update({k: prediction[k].float().cpu().numpy() for k in ("score", "logit", "label")})
@@ -109,6 +109,5 @@ class ParquetPredictionWriter(BasePredictionWriter):
 
 def default_name(trainer: Any, ckpt: str | None) -> str:
     """``predictions-<split>[-<checkpoint name>].parquet``."""
-    dm = getattr(trainer, "datamodule", None)
-    split = getattr(dm, "predict_split", None) or "predict"
+    split = trainer.datamodule.predict_split
     return f"predictions-{split}" + (f"-{Path(ckpt).stem}" if ckpt else "") + ".parquet"

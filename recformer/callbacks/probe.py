@@ -1,8 +1,8 @@
 """Activation and attention statistics from a fixed probe batch, run eagerly every N steps.
 
 The training path carries no hooks (it may be compiled); instead, on the probe's steps, the model
-runs once more on the same small batch through its stats path, ``net(batch, return_stats=True)``
-(``recformer.model.ranker``: eager, explicit attention), under ``torch.no_grad`` in eval mode,
+runs once more on the same small batch through its stats path, ``ranker.forward_stats(batch)``
+(``recformer.model.protocol``: eager, explicit attention), under ``torch.no_grad`` in eval mode,
 and the train mode is restored afterwards. Metrics, per block ``i`` (DESIGN section 6):
 
 - ``health/cos_adjacent/block_{i}``: cosine of the hidden state entering and leaving block i;
@@ -14,12 +14,12 @@ and the train mode is restored afterwards. Metrics, per block ``i`` (DESIGN sect
   going to 0 is the one-hot collapse QK-Norm prevents (Dehghani et al. 2023); entropy near 1 is
   uniform averaging;
 - ``health/emb_row_norm/{table}/p{q}``: percentiles of the embedding row norms per feature group
-  of the tokenizer (``item``, ``cat``, ``item_feat``, ``hist_cat``, ``gap``): rows that explode, or
-  never move from init.
+  the model reports (``embedding_groups``: ``item``, ``cat``, ``item_feat``, ``hist_cat``, ``gap``):
+  rows that explode, or never move from init.
 
 The probe batch is the first ``batch_size`` rows of the validation split (the same rows every
 time, so changes are the model's); a run without a validation loader uses its first training
-batch. Models without a stats path (the baselines) get the embedding percentiles only.
+batch. Models without blocks (the baselines) get the embedding percentiles only.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import logging
 from typing import Any
 
 import torch
-from torch import nn
 
 from recformer.batch import Batch
 from recformer.callbacks.sink import MetricSource, StepMetrics
@@ -54,46 +53,6 @@ def take_rows(batches: list[Batch], n: int) -> Batch:
         if f.name != "oov"
     }
     return Batch(**joined, oov=torch.stack([b.oov for b in batches]).sum(0))
-
-
-def embedding_row_groups(net: nn.Module) -> dict[str, tuple[nn.Embedding, int, int]]:
-    """Rows of the tokenizer's embedding tables by feature group: ``{name: (table, start, stop)}``.
-
-    The ranker keeps every categorical row in one table (``tokens.table``: context fields, items,
-    item features, event categoricals, time gaps, in that order), so the groups are row ranges; the
-    layout is checked against the tokenizer's own offsets, and a table whose layout does not match
-    is reported whole (``all``). Separate ``nn.Embedding`` children are reported one each.
-    """
-    tokens = getattr(net, "tokens", None)
-    if tokens is None:
-        return {}
-    table = getattr(tokens, "table", None)
-    if isinstance(table, nn.Embedding) and hasattr(tokens, "item_offset") and hasattr(tokens, "dims"):
-        d = tokens.dims
-        history = bool(d.max_len)
-        sizes = {
-            "cat": sum(d.cat_rows),
-            "item": d.item_rows,
-            "item_feat": sum(d.item_feat_rows),
-            "hist_cat": sum(d.hist_cat_rows) if history else 0,
-            "gap": d.time_gap_buckets if history and getattr(tokens, "gap_offset", -1) >= 0 else 0,
-        }
-        groups, row = {}, 0
-        for name, n in sizes.items():
-            if n:
-                groups[name] = (table, row, row + n)
-            row += n
-        consistent = (
-            row == table.num_embeddings
-            and groups.get("item", (None, -1))[1] == tokens.item_offset
-            and ("gap" not in groups or groups["gap"][1] == tokens.gap_offset)
-        )
-        return groups if consistent else {"all": (table, 0, table.num_embeddings)}
-    return {
-        name.removesuffix("_table"): (mod, 0, mod.num_embeddings)
-        for name, mod in tokens.named_children()
-        if isinstance(mod, nn.Embedding)
-    }
 
 
 def row_norm_percentiles(weight_VD: torch.Tensor, percentiles: tuple[float, ...]) -> torch.Tensor:
@@ -138,8 +97,8 @@ class ProbeStats(MetricSource):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._probe is not None or not trainer.is_global_zero:
             return
-        dm = getattr(trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "val_dataloader"):
+        dm = trainer.datamodule
+        if dm is None:
             return
         batches: list[Batch] = []
         try:
@@ -163,35 +122,34 @@ class ProbeStats(MetricSource):
         self._probe = take_rows(batches, self.batch_size).to(pl_module.device)
 
     @torch.no_grad()
-    def gather(
+    def collect(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
     ) -> None:
-        net = getattr(pl_module, "net", pl_module)
-        for group, (emb, start, stop) in embedding_row_groups(net).items():
+        ranker = pl_module.ranker
+        for group, (emb, start, stop) in ranker.embedding_groups().items():
             out.add(
                 [EMB_ROW_NORM.format(table=group, q=f"{q:g}") for q in self.percentiles],
                 row_norm_percentiles(emb.weight[start:stop], self.percentiles),
             )
-        blocks = getattr(net, "blocks", None)
-        if not blocks or not hasattr(net, "_forward_with_stats"):
+        Y = len(ranker.transformer_blocks())
+        if not Y:
             return
         if self._probe is None and isinstance(batch, Batch):
             self._set_probe([batch], pl_module)
         if self._probe is None:
             return
-        was_training = net.training
-        net.eval()  # no dropout: the same rows give the same statistics
+        was_training = ranker.training
+        ranker.eval()  # no dropout: the same rows give the same statistics
         try:
-            _, stats = net(self._probe, return_stats=True)
+            _, stats = ranker.forward_stats(self._probe)
         finally:
-            net.train(was_training)
-        L = len(blocks)
-        logit_max_LN, entropy_LN = stats["attn_logit_max"], stats["attn_entropy"]
-        out.add([COS_ADJACENT.format(i=i) for i in range(L)], stats["cos_adjacent"])
-        out.add([RESID_RMS.format(i=i) for i in range(L)], stats["resid_rms"])
-        out.add([ATTN_LOGIT_MAX.format(i=i) for i in range(L)], logit_max_LN.amax(dim=-1))
-        out.add([ATTN_ENTROPY.format(i=i) for i in range(L)], entropy_LN.mean(dim=-1))
+            ranker.train(was_training)
+        out.add([COS_ADJACENT.format(i=i) for i in range(Y)], stats.cos_adjacent_Y)
+        out.add([RESID_RMS.format(i=i) for i in range(Y)], stats.resid_rms_Y)
+        out.add([ATTN_LOGIT_MAX.format(i=i) for i in range(Y)], stats.attn_logit_max_YN.amax(dim=-1))
+        out.add([ATTN_ENTROPY.format(i=i) for i in range(Y)], stats.attn_entropy_YN.mean(dim=-1))
         if self.per_head:
-            N = logit_max_LN.shape[-1]
-            out.add([ATTN_LOGIT_MAX_HEAD.format(i=i, h=h) for i in range(L) for h in range(N)], logit_max_LN)
-            out.add([ATTN_ENTROPY_HEAD.format(i=i, h=h) for i in range(L) for h in range(N)], entropy_LN)
+            N = stats.attn_logit_max_YN.shape[-1]
+            heads = [(i, h) for i in range(Y) for h in range(N)]
+            out.add([ATTN_LOGIT_MAX_HEAD.format(i=i, h=h) for i, h in heads], stats.attn_logit_max_YN)
+            out.add([ATTN_ENTROPY_HEAD.format(i=i, h=h) for i, h in heads], stats.attn_entropy_YN)

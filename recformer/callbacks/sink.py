@@ -40,7 +40,7 @@ HEALTH_FILE = "health.jsonl"
 
 
 class StepMetrics:
-    """The values of one log step, gathered from every source; ``resolve`` copies them to the host."""
+    """The values of one log step, collected from every source; ``resolve`` copies them to the host."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -94,7 +94,7 @@ class MetricSource(Callback):
         if stage == "fit":
             attach_sink(trainer)
 
-    def gather(
+    def collect(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
     ) -> None:
         """Add this source's values for ``step`` to ``out`` (called only when ``due``)."""
@@ -130,7 +130,7 @@ class MetricSink(Callback):
         if stage != "fit":
             return
         # trainer.log_dir broadcasts from rank 0 under DDP: every rank must ask, or the ranks'
-        # collectives fall out of step (it hung the SaveConfigCallback's broadcast).
+        # collectives fall out of step and the next broadcast (SaveConfigCallback's) waits for good.
         log_dir = trainer.log_dir
         if not trainer.is_global_zero:
             return
@@ -149,9 +149,9 @@ class MetricSink(Callback):
             "world_size": trainer.world_size,
             "max_steps": trainer.max_steps,
         }
-        for attr, key in (("arch", "arch"), ("model_cfg", "ranker"), ("optim_cfg", "optim")):
-            if hasattr(pl_module, attr):
-                meta[key] = _jsonable(getattr(pl_module, attr))
+        meta.update(
+            arch=pl_module.arch, ranker=_jsonable(pl_module.ranker.cfg), optim=_jsonable(pl_module.optim_cfg)
+        )
         for source in self._sources(trainer):
             meta[type(source).__name__] = source.meta(trainer, pl_module)
         self._write({"meta": meta, "step": trainer.global_step})
@@ -163,14 +163,14 @@ class MetricSink(Callback):
         # Under gradient accumulation several batches end at the same optimizer step: log it once.
         if step == self._last_step or not trainer.is_global_zero:
             return
-        gathered = StepMetrics()
+        collected = StepMetrics()
         for source in self._sources(trainer):
             if source.due(trainer, step):
-                source.gather(trainer, pl_module, outputs, batch, step, gathered)
-        if not gathered:
+                source.collect(trainer, pl_module, outputs, batch, step, collected)
+        if not collected:
             return
         self._last_step = step
-        values = gathered.resolve()
+        values = collected.resolve()
         for logger in trainer.loggers:
             logger.log_metrics(values, step=step)
         self._write({"step": step, **values})

@@ -99,7 +99,7 @@ class LossSpikes(MetricSource):
             return
         self._last_step = step
         # Lightning divides the training loss by the accumulation count before handing it over.
-        loss = loss.detach().float() * getattr(trainer, "accumulate_grad_batches", 1)
+        loss = loss.detach().float() * trainer.accumulate_grad_batches
         if self._state is None:
             self._state = self._init_state(loss.device)
         elif self._state["mean"].device != loss.device:  # resumed from a checkpoint loaded elsewhere
@@ -139,7 +139,7 @@ class LossSpikes(MetricSource):
         self._observe(trainer, outputs)
 
     @torch.no_grad()
-    def gather(
+    def collect(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
     ) -> None:
         self._observe(trainer, outputs)  # the sink may run before this callback's own hook
@@ -148,9 +148,7 @@ class LossSpikes(MetricSource):
             out.add([LOSS_SPIKE, LOSS_Z_MAX, LOSS_EMA], torch.stack([s["spikes"], s["z_max"], s["mean"]]))
             s["spikes"].zero_()
             s["z_max"].zero_()
-        count = getattr(pl_module, "nonfinite_total", None)
-        if isinstance(count, torch.Tensor):
-            out.add([NONFINITE_STEPS], count)
+        out.add([NONFINITE_STEPS], pl_module.nonfinite_total)
 
     def state_dict(self) -> dict[str, Any]:
         # Tensors as they are (no host copy here); torch.save handles any device.

@@ -8,16 +8,8 @@ rank and multiplied by the world size (every rank gets the same number of equal 
 ``recformer.data``). The first interval starts at the end of the first step, so start-up and
 compilation are not counted.
 
-MFU = samples/s x training FLOPs per sample / peak FLOP/s (``model_flops_per_sample``: the model's
-own ``flops_per_sample()`` when it has one, as recformer's rankers do, else)
-
-    6 * P_tok * T  +  12 * L * T^2 * D  +  6 * P_once
-
-with ``T`` tokens per sample, ``P_tok`` the parameters of the matrices applied to every token (the
-blocks), ``P_once`` those applied once per sample (the head, the baselines' MLPs), ``L`` blocks,
-``D`` width. 2 FLOPs per multiply-add, backward = 2x forward, so 6 per parameter per token; the
-attention term is q k^T and p v (2 * T^2 * D each, forward) times 3 (Kaplan et al. 2020; PaLM,
-Chowdhery et al. 2022, appendix B). Embedding lookups are not FLOPs and are excluded.
+MFU = samples/s x training FLOPs per sample (``recformer.model.flops``: what the model says it
+computes per sample, counted there) / peak FLOP/s.
 """
 
 from __future__ import annotations
@@ -26,42 +18,14 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
 
 from recformer.callbacks.sink import MetricSource, StepMetrics
 from recformer.metric_names import MFU, SAMPLES_PER_S, TOKENS_PER_S
+from recformer.model.flops import flops_per_sample
 
 PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0}
 """Dense bf16 tensor-core peak (vendor data sheets, without sparsity), by a substring of the CUDA
 device name; used when ``peak_tflops`` is not given. Unknown devices log no MFU."""
-
-
-def model_flops_per_sample(net: nn.Module) -> float:
-    """Training FLOPs per sample: the model's own count (``flops_per_sample()``, which knows which
-    matrices run on how many tokens: the Ranker's last block on the 1-2 tokens the head reads, DIN's
-    attention MLP on every history slot), else the module docstring's formula: matrices inside
-    ``net.blocks`` per token, every other non-embedding matrix (``nn.Linear`` outside the
-    tokenizer) once per sample."""
-    own = getattr(net, "flops_per_sample", None)
-    if callable(own):
-        return float(own())
-    blocks = getattr(net, "blocks", None) or []
-    tokens = int(getattr(net, "n_tokens", 1)) if len(blocks) else 1
-    block_params = {id(p) for b in blocks for p in b.parameters()}
-    tokenizer = getattr(net, "tokens", None)
-    tok_params = {id(p) for p in tokenizer.parameters()} if tokenizer is not None else set()
-    p_tok = sum(p.numel() for b in blocks for p in b.parameters() if p.ndim >= 2)
-    p_once = sum(
-        p.numel()
-        for p in net.parameters()
-        if p.ndim >= 2 and id(p) not in block_params and id(p) not in tok_params and not _is_embedding(net, p)
-    )
-    d_model = int(getattr(getattr(net, "cfg", None), "d_model", 0))
-    return 6.0 * p_tok * tokens + 12.0 * len(blocks) * tokens**2 * d_model + 6.0 * p_once
-
-
-def _is_embedding(net: nn.Module, p: torch.Tensor) -> bool:
-    return any(m.weight is p for m in net.modules() if isinstance(m, nn.Embedding))
 
 
 def peak_flops(device: torch.device, peak_tflops: float | None) -> float | None:
@@ -94,15 +58,13 @@ class Throughput(MetricSource):
         self._tokens = 1
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        net = getattr(pl_module, "net", pl_module)
-        self._tokens = int(getattr(net, "n_tokens", 1))
-        self._flops = model_flops_per_sample(net)
+        self._tokens = pl_module.ranker.n_tokens
+        self._flops = flops_per_sample(pl_module.ranker)
         self._peak = peak_flops(pl_module.device, self.peak_tflops)
         self._t0 = None
 
     def meta(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
-        net = getattr(pl_module, "net", pl_module)
-        return {**super().meta(trainer, pl_module), "flops_per_sample": model_flops_per_sample(net)}
+        return {**super().meta(trainer, pl_module), "flops_per_sample": flops_per_sample(pl_module.ranker)}
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -122,7 +84,7 @@ class Throughput(MetricSource):
             self._t0 += time.perf_counter() - self._paused_at
         self._paused_at = None
 
-    def gather(
+    def collect(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, step: int, out: StepMetrics
     ) -> None:
         if self._t0 is None:

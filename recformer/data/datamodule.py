@@ -127,13 +127,12 @@ class RecDataLoader(DataLoader):
         if method != "fork":
             return None
         # A worker reads and decodes a whole window, then cuts all of its batches. With only
-        # prefetch_factor (+2) slots it stops cutting a few batches into the window, and while it
-        # reads the next one the round robin waits on it with the other workers' slots full: on
-        # the 2-core dev machine two workers kept 1.72-1.81 cores busy. A ring a window deep lets
-        # a worker cut one window ahead while it reads the next: 1.92-1.99 cores, 978k-1157k
-        # against 841k-1038k rows/s. The mapping's pages are touched only as slots fill, so a
-        # deeper ring costs about one window of batches in transit per worker. Two more slots
-        # keep the worker busy while the training process takes one out.
+        # prefetch_factor (+2) slots it would stop cutting a few batches into the window, and while
+        # it read the next one the round robin would wait on it with the other workers' slots full
+        # (cores idle: bench/bench_loader.py, "Design measurements"). A ring a window deep lets a
+        # worker cut one window ahead while it reads the next; the mapping's pages are touched
+        # only as slots fill, so that costs about one window of batches in transit per worker.
+        # Two more slots keep the worker busy while the training process takes one out.
         s = self.stream
         per_window = min(-(-s.window // s.batch_size), max(s.worker_counts(), default=0))
         slots = max(self.prefetch_factor or 2, per_window) + 2
@@ -240,34 +239,15 @@ class RecDataModule(pl.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
-        if spec_path is None and not (self.data_dir / "spec.yaml").is_file():
-            raise FileNotFoundError(
-                f"data.data_dir={data_dir}: no spec.yaml there"
-                + ("" if self.data_dir.is_dir() else " (the folder does not exist)")
-                + "; expected a folder made by `recformer data movielens --out DIR` or "
-                "`recformer data synth --out DIR` (spec.yaml beside train/, val/, test/)"
-            )
-        self.spec = FeatureSpec.load(spec_path or self.data_dir / "spec.yaml")
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-            if value is not None and value <= 0:
-                raise ValueError(f"data.{name}={value}; expected a positive number of rows per batch")
-        least = {"shuffle_window": (shuffle_window, 1), "num_workers": (num_workers, 0)}
-        least["prefetch_factor"] = (prefetch_factor, 1)
-        for name, (value, low) in least.items():
-            if value < low:
-                raise ValueError(f"data.{name}={value}; expected an integer >= {low}")
+        self.spec = _load_spec(self.data_dir, spec_path)
+        _check_settings(batch_size, eval_batch_size, shuffle_window, num_workers, prefetch_factor)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
+        self.num_workers, self.prefetch_factor, self.drop_last = num_workers, prefetch_factor, drop_last
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.shuffle = shuffle
-        self.shuffle_window = shuffle_window
-        self.drop_last = drop_last
+        self.shuffle, self.shuffle_window = shuffle, shuffle_window
         self.seed = seed if seed is not None else global_seed()
-        self.validate = validate
-        self.predict_split = predict_split
-        self.verify_checksums = verify_checksums
+        self.validate, self.predict_split, self.verify_checksums = validate, predict_split, verify_checksums
         self.splits: dict[str, SplitIndex] = {}
         self.oov_report: dict[str, dict[str, int]] = {}
         self.unsigned_keys: dict[str, frozenset[str]] = {}
@@ -450,6 +430,30 @@ class RecDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream(self.predict_split, train=False))
+
+
+def _load_spec(data_dir: Path, spec_path: str | None) -> FeatureSpec:
+    if spec_path is None and not (data_dir / "spec.yaml").is_file():
+        raise FileNotFoundError(
+            f"data.data_dir={data_dir}: no spec.yaml there"
+            + ("" if data_dir.is_dir() else " (the folder does not exist)")
+            + "; expected a folder made by `recformer data movielens --out DIR` or "
+            "`recformer data synth --out DIR` (spec.yaml beside train/, val/, test/)"
+        )
+    return FeatureSpec.load(spec_path or data_dir / "spec.yaml")
+
+
+def _check_settings(
+    batch_size: int, eval_batch_size: int | None, shuffle_window: int, num_workers: int, prefetch_factor: int
+) -> None:
+    """Each setting in its range, or an error naming it as ``data.<name>``."""
+    for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if value is not None and value <= 0:
+            raise ValueError(f"data.{name}={value}; expected a positive number of rows per batch")
+    least = {"shuffle_window": (shuffle_window, 1), "num_workers": (num_workers, 0)}
+    for name, (value, low) in (least | {"prefetch_factor": (prefetch_factor, 1)}).items():
+        if value < low:
+            raise ValueError(f"data.{name}={value}; expected an integer >= {low}")
 
 
 def global_seed() -> int:

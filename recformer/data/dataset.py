@@ -48,9 +48,8 @@ def keep_freed_memory() -> None:
     Both allocators return memory eagerly by default: Arrow's mimalloc purges freed pages after
     10 ms (a worker that waits on a full slot does so every window), and glibc trims the top of the
     heap that numpy's decode arrays come from. The next row group then faults the same pages in
-    again and the kernel clears each one (transparent huge pages: 2 MB at a time): on the 2-core
-    dev machine that was 4-10% of a worker's CPU (``clear_page_erms`` in ``perf``), and decoding
-    a row group took 0.31 instead of 0.09 us per row in a loop. Here Arrow allocates from its
+    again and the kernel clears each one (transparent huge pages: 2 MB at a time), a few percent of
+    a worker's CPU (bench/bench_loader.py, "Design measurements"). Here Arrow allocates from its
     jemalloc pool with purging off, and glibc serves blocks under 32 MB from a heap it trims only
     past 1 GB. A worker's memory stays at its high-water mark, which it reaches in the first
     window anyway. Process-wide, so only for recformer's own worker processes."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,7 +212,7 @@ class BatchLayout:
             # made from numpy views would not be recognised as that allocation.
             return out.unpack()
         # Tensors over the numpy views the kernels wrote (they keep the buffer alive): one call
-        # per field, where slicing and viewing the tensor took three (122 -> 78 us per batch).
+        # per field, where slicing and viewing the tensor would take three.
         return Batch(**{name: torch.from_numpy(a) for name, a in v.items()})
 
     @functools.cached_property
@@ -305,8 +306,8 @@ class Window:
     """Consecutive decoded slices (usually of two or three row groups) read as one window of rows.
 
     The parts are not concatenated: a batch's rows are split by part and each part writes its rows
-    into their batch positions. Concatenating cost 0.1 us per row (a copy of every event) on the
-    dev machine, more than half the padding kernel."""
+    into their batch positions: concatenating would copy every event once more (about 0.1 us per
+    row, more than half the padding kernel)."""
 
     parts: list[Decoded]
 
@@ -427,66 +428,70 @@ class Decoder:
 
     # -- whole table ---------------------------------------------------------------------------
     def decode(self, table: pa.Table | pa.RecordBatch, where: Where) -> Decoded:
-        spec = self.spec
         if isinstance(table, pa.Table):
             table = table.combine_chunks()
             col = lambda name: table.column(name).chunk(0) if table.num_rows else pa.array([])
         else:
             col = table.column
         n = table.num_rows
+        values = self._row_values(col, n, where)  # every row value checked before the history
+        hist = self._sequence(col, n, where)
+        return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout)
 
+    def _row_values(self, col: Callable[[str], pa.Array], n: int, where: Where) -> dict[str, np.ndarray]:
+        """The record's fields (``ROW_FIELDS`` and ``row_oov``), each checked, by name."""
+        spec = self.spec
         label = numeric(col(spec.label), where, spec.label)
         check_label(label, where, spec.label)
-        if spec.weight:
-            weight = numeric(col(spec.weight), where, spec.weight)
-            check_finite(weight, where, spec.weight)
-            if len(weight) and weight.min() < 0:
-                raise DataError(f"{where}: weight column {spec.weight!r} has negative values; expected >= 0")
-            weight = cast_finite(weight, np.float32, where, spec.weight)
-        else:
-            weight = np.ones(n)
-        group = self._group(col(spec.group), where) if spec.group else np.full(n, -1, np.int64)
-
-        oov_cols = []
+        values = {"label": label, "weight": self._weight(col, n, where)}
+        values["group"] = self._group(col(spec.group), where) if spec.group else np.full(n, -1, np.int64)
         target, oov = self._item_rows(col(spec.item.column), spec.item.column, where)
-        oov_cols.append(oov)
+        oov_cols = [oov]
         cat = np.zeros((n, len(spec.categorical)), np.int32)
         for j, f in enumerate(spec.categorical):
             cat[:, j], oov = self._cat_rows(col(f.name), f, where)
             oov_cols.append(oov)
+        values.update(target_item=target, cat=cat, dense=self._dense(col, n, where))
+        embs = [self._fixed_vectors(col(f.name), f.dim, f.name, where) for f in spec.embedding]
+        values["emb"] = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
+        values["keys"] = np.zeros((n, len(spec.keys)), np.int64)
+        for j, k in enumerate(spec.keys):
+            values["keys"][:, j] = key_values(col(k), where, k)
+        values["row_oov"] = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
+        return values
 
-        dense = np.zeros((n, len(spec.dense)), np.float32)
-        for j, f in enumerate(spec.dense):
+    def _weight(self, col: Callable[[str], pa.Array], n: int, where: Where) -> np.ndarray:
+        w = self.spec.weight
+        if not w:
+            return np.ones(n)
+        weight = numeric(col(w), where, w)
+        check_finite(weight, where, w)
+        if len(weight) and weight.min() < 0:
+            raise DataError(f"{where}: weight column {w!r} has negative values; expected >= 0")
+        return cast_finite(weight, np.float32, where, w)
+
+    def _dense(self, col: Callable[[str], pa.Array], n: int, where: Where) -> np.ndarray:
+        dense = np.zeros((n, len(self.spec.dense)), np.float32)
+        for j, f in enumerate(self.spec.dense):
             x = numeric(col(f.name), where, f.name)
             check_finite(x, where, f.name)
             if f.log1p:
                 x = np.sign(x) * np.log1p(np.abs(x))
             dense[:, j] = cast_finite((x - f.mean) / f.std, np.float32, where, f.name, " after normalisation")
+        return dense
 
-        embs = [self._fixed_vectors(col(f.name), f.dim, f.name, where) for f in spec.embedding]
-        emb = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
-
-        keys = np.zeros((n, len(spec.keys)), np.int64)
-        for j, k in enumerate(spec.keys):
-            keys[:, j] = key_values(col(k), where, k)
-
-        decoded = Decoded(
-            rows=np.empty((n, self.layout.record_bytes), np.uint8),
-            hist=self._sequence(col, n, where),
-            layout=self.layout,
-        )
-        row_oov = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
-        values = dict(label=label, weight=weight, group=group, target_item=target, cat=cat, dense=dense)
-        values.update(emb=emb, keys=keys, row_oov=row_oov)
+    def _records(self, values: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """One record per row (``BatchLayout.record``) holding ``values``."""
         if values.keys() != self.layout.record.keys():  # a field added to FIELDS needs its producer here
             raise RuntimeError(f"decoded {sorted(values)}, the record holds {sorted(self.layout.record)}")
-        words = decoded.rows.view(np.uint32)
+        rows = np.empty((n, self.layout.record_bytes), np.uint8)
+        words = rows.view(np.uint32)
         for name, x in values.items():
-            # A compiled copy into the records: numpy's strided assignment cost 8 ns per row and field.
+            # A compiled copy into the records (numpy's strided assignment costs ~8 ns per row and field).
             offset, dtype, shape = self.layout.record[name]
             src = np.ascontiguousarray(x.reshape(n, math.prod(shape)), dtype=dtype).view(np.uint32)
             kernels.put_words(words, offset // 4, src)
-        return decoded
+        return rows
 
     def _group(self, arr: pa.Array, where: Where) -> np.ndarray:
         if pa.types.is_dictionary(arr.type):

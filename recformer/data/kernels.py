@@ -17,15 +17,11 @@ Inputs: ``off`` (int64 [S + 1]) are the window's list offsets, shared by every h
 (aligned lists have equal lengths, checked at decode); ``idx`` holds the window rows of the batch in
 batch order.
 
-Measured on the 2-core dev machine (``bench/bench_loader.py``: 100-event cap, 64 events per row on
-average, 31% of rows at the cap): a shuffled batch's rows sit at random places in a window of tens of
-MB, so the plain loop waits on memory for every row; prefetching the rows a few ahead
-(``_PREFETCH_ROWS``) hides that latency (0.25 -> 0.10 us/row for the item column). A worker's cut of
-a batch cost 0.6-0.7 us/row while it wrote padded rows and mapped ids per batch; ragged, from rows
-mapped at decode, 0.19-0.24; with each batch's plan in one kernel (``cut_plan``, which replaced a dozen
-numpy calls per batch), 0.15 at 1024-row batches and 0.20 at 256 (``bench_loader.py --stages``).
-Padding on arrival costs the training process about what its copy out of the slot cost (~0.08
-us/row, plus ~27 us per batch).
+Why they look as they do: a shuffled batch's rows sit at random places in a window of tens of MB,
+so a plain loop waits on memory for every row; prefetching the rows a few ahead (``_PREFETCH_ROWS``)
+hides that latency. A worker ships rows ragged, ids mapped once at decode, and plans each batch in
+one kernel (``cut_plan``); the training process pads on arrival. The figures behind each choice are
+in ``bench/bench_loader.py`` ("Design measurements"; ``--stages`` splits the CPU per row).
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ _jit = numba.njit(cache=True, nogil=True)
 _U = numba.uint64
 
 _PREFETCH_ROWS = 4
-"""How many batch rows ahead the source events are prefetched (2 to 16 measured the same)."""
+"""How many batch rows ahead the source events are prefetched (anything from 2 to 16 reads alike)."""
 
 
 @intrinsic
@@ -285,8 +281,8 @@ def gather_records(rows, idx, pos, oov_at, out, oov):
     """Worker side: record ``rows[idx[r]]`` (4-byte words) becomes ``out[pos[r]]``, for every ``r``; the
     per-row OOV flags (``len(oov)`` words from ``oov_at`` of each record) are added to ``oov``. A
     shuffled batch's records are random cache misses; prefetching them ahead overlaps those.
-    Copying whole records (one contiguous run per row) took a tenth of the time of writing each
-    field to its own column here; the training process does that with ``scatter_records``."""
+    Whole records are copied (one contiguous run per row, about a tenth of the cost of writing
+    each field to its own column); the training process splits them with ``scatter_records``."""
     B, W, K = idx.shape[0], rows.shape[1], oov.shape[0]
     flat = rows.reshape(-1)
     ahead = _PREFETCH_ROWS * 4

@@ -68,7 +68,7 @@ class PackedBatch:
     def arrays(self) -> dict[str, np.ndarray]:
         """numpy views of the fields (for the kernels that fill them in or read them)."""
         buf = self.buffer.numpy() if isinstance(self.buffer, torch.Tensor) else self.buffer
-        # One constructor call per field: slicing, viewing and reshaping took 2.5x as long.
+        # One constructor call per field: slicing, viewing and reshaping takes 2.5x as long.
         return {name: np.ndarray(shape, numpy_dtype(dt), buf, at) for name, dt, shape, at in self.layout}
 
     def unpack(self) -> Batch:

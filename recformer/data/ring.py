@@ -11,11 +11,9 @@ fresh Batch (pinned when the loader pins: ``BatchLayout.to_batch``) and frees th
 worker's ``free`` semaphore. A worker waits only when it is ``slots`` batches ahead, which is the
 back-pressure the prefetch depth asks for anyway.
 
-Measured on the 2-core dev machine (``bench/bench_loader.py``, 1024-row batches): the DataLoader's
-own machinery (an index and a batch message per batch through queues with feeder threads,
-record_function, pickling) cost a worker ~0.13 us/row and the training process 0.36-0.55 us/row,
-as much as the worker's whole cut of a batch; with the pool the training process spends 0.15-0.24
-us/row per batch, most of it padding (``to_batch``).
+The DataLoader's own machinery (an index and a batch message per batch through queues with feeder
+threads, record_function, pickling) cost the training process as much as a worker's whole cut of a
+batch (``bench/bench_loader.py``, "Design measurements"); with the pool it mostly pads.
 
 The mapping is inherited, not named: it only exists for workers started by ``fork`` (Linux's
 default). Under ``spawn``/``forkserver`` the DataLoader's own workers pickle each batch through the

@@ -42,8 +42,8 @@ def required(schema: pa.Schema) -> pa.Schema:
 
     The log writers (``synth``, ``movielens``) never write nulls and say so in the file: Parquet then
     stores no definition levels for those columns, and pyarrow skips rebuilding validity bitmaps
-    from them when it reads. On the bench data (three 64-event list columns a row) a row group
-    reads in 1.05 instead of 1.31 CPU us per row. Readers accept nullable files all the same (the
+    from them when it reads, about a fifth of the read (``bench/bench_loader.py``, "Design
+    measurements"). Readers accept nullable files all the same (the
     value checks reject the nulls that matter)."""
 
     def strict(t: pa.DataType) -> pa.DataType:
@@ -61,9 +61,9 @@ def required(schema: pa.Schema) -> pa.Schema:
 
 CHECKSUMS = {"write_page_checksum": True}
 """Writer options every log writer passes: a CRC-32 per data page, which every reader here verifies
-(``page_checksum_verification``). Without it a flipped bit in a page decodes to another valid value
-more often than not (28 of 40 random single-bit flips in zstd files changed a value silently: a
-label 0 became 1, a dense 184.38 became 9.5e-24); with it, each of the 40 was refused."""
+(``page_checksum_verification``). Without it a flipped bit in a page mostly decodes to another valid
+value, trained on silently; with it the read is refused (``tests/test_faults.py`` flips 40 bits both
+ways)."""
 
 
 def _is_int(t: pa.DataType) -> bool:

@@ -1,36 +1,39 @@
 """Multi-head self-attention with optional QK-Norm and a muP-aware logit scale.
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``H`` head width (D / N),
-``Q`` query tokens (T, or the few the head reads in the last block).
+Shape suffixes: the legend in ``recformer/__init__.py``.
 
-Two paths share the projections:
+Two paths share the projections (``_project``):
 
-- training: ``F.scaled_dot_product_attention`` with the boolean key-padding mask. No hooks, no
-  ``.item()``, no branching on tensor values, so ``ranker.compile()`` captures it in one graph.
-- probe (``self.probe`` set to a dict by the ranker's stats path, always eager): the logits are
-  formed explicitly as ``q k^T`` so the max logit and the attention entropy can be read, which the
-  fused kernel never materialises.
+- ``forward`` (training): ``F.scaled_dot_product_attention`` with the boolean key-padding mask. No
+  hooks, no ``.item()``, no branching on tensor values, so ``ranker.compile()`` captures it in one
+  graph.
+- ``explicit`` (the stats path, always eager): the logits are formed as ``q k^T`` so that the max
+  logit and the attention entropy can be read, which the fused kernel never materialises; they are
+  returned with the update (``AttentionStats``).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recformer.config import RankerConfig
+from recformer.model.mup import attention_scale
 from recformer.model.norms import QKNorm
 
 
-def attention_scale(cfg: RankerConfig) -> float:
-    """Logit scale: 1/sqrt(H) (Vaswani et al. 2017), or 1/H under muP.
+@dataclass
+class AttentionStats:
+    """What the explicit path reads off the logits, per head (detached)."""
 
-    Under muP q and k become correlated after training, so q . k grows like H rather than sqrt(H);
-    1/H keeps the logits width-independent (Yang et al. 2022, Tensor Programs V, section 4).
-    """
-    return 1.0 / cfg.d_head if cfg.mup else 1.0 / math.sqrt(cfg.d_head)
+    logit_max_N: torch.Tensor
+    """Max pre-softmax logit over valid queries and valid keys of the batch."""
+    entropy_N: torch.Tensor
+    """Mean over valid queries of the softmax entropy / log(number of valid keys): 1 = uniform over
+    the keys, 0 = one-hot."""
 
 
 class Attention(nn.Module):
@@ -50,8 +53,6 @@ class Attention(nn.Module):
         )
         self.scale = attention_scale(cfg)
         self.dropout = cfg.dropout
-        self.probe: dict[str, torch.Tensor] | None = None
-        """Set to a dict by the ranker's stats path: the next forward fills it and runs eagerly."""
 
     def forward(
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
@@ -61,6 +62,29 @@ class Attention(nn.Module):
         ``attend_B11T`` is True where a key may be attended to (None = every token is valid). With
         ``keep``, keys and values still come from all T tokens but queries only from the kept ones.
         """
+        q_BNQH, k_BNTH, v_BNTH = self._project(x_BTD, keep)
+        o_BNQH = F.scaled_dot_product_attention(
+            q_BNQH,
+            k_BNTH,
+            v_BNTH,
+            attn_mask=attend_B11T,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
+        )
+        return self._output(o_BNQH)
+
+    def explicit(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None
+    ) -> tuple[torch.Tensor, AttentionStats]:
+        """``forward``'s update of every token, with the logits materialised, and their statistics."""
+        q_BNTH, k_BNTH, v_BNTH = self._project(x_BTD, None)
+        o_BNTH, stats = self._explicit(q_BNTH, k_BNTH, v_BNTH, attend_B11T)
+        return self._output(o_BNTH), stats
+
+    def _project(
+        self, x_BTD: torch.Tensor, keep: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (of the ``keep`` rows, or all), keys and values, QK-normalised, as [B, N, *, H]."""
         B, T, D = x_BTD.shape
         N, H = self.n_heads, self.d_head
         full_qk = self.qk_norm is not None and self.qk_norm.mode == "full"
@@ -88,21 +112,11 @@ class Attention(nn.Module):
         elif self.qk_norm is not None:
             q_BQNH = self.qk_norm.q_norm(q_BQNH)  # QK-Norm per head: bounds the logits
             k_BTNH = self.qk_norm.k_norm(k_BTNH)
-        q_BNQH, k_BNTH, v_BNTH = (t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
+        return tuple(t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
 
-        if self.probe is None or keep is not None:
-            o_BNQH = F.scaled_dot_product_attention(
-                q_BNQH,
-                k_BNTH,
-                v_BNTH,
-                attn_mask=attend_B11T,
-                dropout_p=self.dropout if self.training else 0.0,
-                scale=self.scale,
-            )
-        else:
-            o_BNQH = self._explicit(q_BNQH, k_BNTH, v_BNTH, attend_B11T, self.probe)
-        o_BQD = o_BNQH.transpose(1, 2).reshape(B, -1, D)
-        y_BQD = self.out(o_BQD)
+    def _output(self, o_BNQH: torch.Tensor) -> torch.Tensor:
+        B, _, Q, _ = o_BNQH.shape
+        y_BQD = self.out(o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model))
         return F.dropout(y_BQD, self.dropout, self.training) if self.dropout > 0 else y_BQD
 
     def _explicit(
@@ -111,14 +125,8 @@ class Attention(nn.Module):
         k_BNTH: torch.Tensor,
         v_BNTH: torch.Tensor,
         attend_B11T: torch.Tensor | None,
-        probe: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """Attention with materialised logits; writes ``logit_max_N`` and ``entropy_N`` into ``probe``.
-
-        - ``logit_max_N``: max pre-softmax logit over valid queries and valid keys of the batch.
-        - ``entropy_N``: mean over valid queries of the softmax entropy / log(number of valid keys),
-          so 1 = uniform over the keys and 0 = one-hot.
-        """
+    ) -> tuple[torch.Tensor, AttentionStats]:
+        """Attention with materialised logits, and their statistics (``AttentionStats``)."""
         B, _, T, _ = q_BNTH.shape
         logit_BNTT = (q_BNTH @ k_BNTH.transpose(-2, -1)) * self.scale
         if attend_B11T is None:
@@ -131,12 +139,12 @@ class Attention(nn.Module):
 
         with torch.no_grad():
             query_B1T1 = attend_B11T.transpose(-1, -2)
-            probe["logit_max_N"] = logit_BNTT.masked_fill(~query_B1T1, float("-inf")).amax(dim=(0, 2, 3))
+            logit_max_N = logit_BNTT.masked_fill(~query_B1T1, float("-inf")).amax(dim=(0, 2, 3))
             # 0 * log 0 = 0 for the masked keys (p is exactly 0 there).
             plogp_BNTT = torch.where(p_BNTT > 0, p_BNTT * p_BNTT.clamp_min(1e-30).log(), 0.0)
             ent_BNT = -plogp_BNTT.sum(dim=-1)
             # CLS and target are always valid, so every sample has >= 2 keys and log(n) > 0.
             log_keys_B11 = attend_B11T.sum(dim=-1).float().clamp_min(2.0).log()
             query_B1T = query_B1T1.squeeze(-1).float()
-            probe["entropy_N"] = (ent_BNT / log_keys_B11 * query_B1T).sum(dim=(0, 2)) / query_B1T.sum()
-        return o_BNTH
+            entropy_N = (ent_BNT / log_keys_B11 * query_B1T).sum(dim=(0, 2)) / query_B1T.sum()
+        return o_BNTH, AttentionStats(logit_max_N, entropy_N)

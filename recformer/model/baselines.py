@@ -1,4 +1,4 @@
-"""Baselines run by the same module and CLI as the Transformer, and ``build_model``.
+"""Baselines run by the same module and CLI as the Transformer (``RankerNet``, ``model/protocol.py``).
 
 - ``popularity``: one learned logit per item plus a global bias: a logistic regression on the item
   id, i.e. the item's (smoothed) positive rate. What a ranker must beat to be worth anything.
@@ -8,26 +8,28 @@
   target, the pooled history and the context tokens. It shares the Transformer's tokenizer, so the
   two differ only in what happens after the embeddings.
 
-Shape legend: ``B`` batch, ``L`` history length, ``D`` width, ``T`` tokens.
+Shape suffixes: the legend in ``recformer/__init__.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
 
 import torch
 from torch import nn
 
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.model.embedding import FeatureTokenizer, matrix_params
+from recformer.model import flops
+from recformer.model.embedding import FeatureTokenizer
 from recformer.model.init import init_tokens
-from recformer.model.ranker import Ranker
+from recformer.model.protocol import BlockStats, ParamKind
 from recformer.optim import DEFAULT_RULES
 
-Arch = Literal["transformer", "din", "popularity"]
+OPTIONAL_GROUPS = tuple(dataclasses.replace(r, allow_empty=True) for r in DEFAULT_RULES)
+"""The Transformer's group rules, each optional: a baseline may have no hidden matrices
+(popularity) or no readout."""
 
 
 def _log_odds(p: float) -> float:
@@ -37,34 +39,44 @@ def _log_odds(p: float) -> float:
 class PopularityRanker(nn.Module):
     """logit = bias + item_logit[target item]."""
 
-    # No hidden matrices: the hidden rule may stay empty.
-    optimizer_rules = tuple(dataclasses.replace(r, allow_empty=True) for r in DEFAULT_RULES)
+    optimizer_rules = OPTIONAL_GROUPS
+    n_tokens = 1
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
+        self.cfg, self.dims = cfg, dims
         self.item_logit = nn.Embedding(dims.item_rows, 1)
         nn.init.zeros_(self.item_logit.weight)
         self.bias = nn.Parameter(torch.tensor([_log_odds(cfg.base_rate)]))
-        self.blocks = nn.ModuleList()
 
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
         """Content is not used by this baseline."""
 
-    def param_kinds(self) -> dict[str, str]:
+    def transformer_blocks(self) -> tuple[nn.Module, ...]:
+        return ()
+
+    def embedding_groups(self) -> dict[str, tuple[nn.Embedding, int, int]]:
+        return {}  # one logit per item: no embedding rows to watch
+
+    def param_kinds(self) -> dict[str, ParamKind]:
         return {"item_logit.weight": "embedding", "bias": "vector"}
 
-    def flops_per_sample(self) -> float:
-        return 0.0  # a table lookup and an add
+    def flop_terms(self) -> list[flops.Term]:
+        return []  # a table lookup and an add
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return (self.item_logit(batch.target_item).squeeze(-1) + self.bias).float()
 
+    def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats | None]:
+        return self(batch), None
+
 
 class DINRanker(nn.Module):
-    optimizer_rules = tuple(dataclasses.replace(r, allow_empty=True) for r in DEFAULT_RULES)
+    optimizer_rules = OPTIONAL_GROUPS
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
+        self.cfg, self.dims = cfg, dims
         if not dims.max_len:
             raise ValueError("arch='din' needs a history (feature spec with a sequence)")
         D = cfg.d_model
@@ -87,12 +99,24 @@ class DINRanker(nn.Module):
                 nn.init.zeros_(m.bias)
         with torch.no_grad():
             init_tokens(self.tokens, cfg)  # the Transformer's token init, not PyTorch's N(0, 1) tables
-        self.blocks = nn.ModuleList()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens.n_tokens
 
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
         self.tokens.set_item_tables(content, features)
 
-    def param_kinds(self) -> dict[str, str]:
+    def transformer_blocks(self) -> tuple[nn.Module, ...]:
+        return ()
+
+    def embedding_groups(self) -> dict[str, tuple[nn.Embedding, int, int]]:
+        return self.tokens.embedding_groups()
+
+    def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats | None]:
+        return self(batch), None
+
+    def param_kinds(self) -> dict[str, ParamKind]:
         kinds = self.tokens.param_kinds("tokens.")
         for name, p in self.named_parameters():
             if name.startswith("tokens."):
@@ -103,14 +127,15 @@ class DINRanker(nn.Module):
                 kinds[name] = "vector" if p.ndim == 1 else "hidden"
         return kinds
 
-    def flops_per_sample(self) -> float:
-        """Training FLOPs per sample (6 per matrix parameter per application): the attention MLP
-        once per history slot, the MLP and output once per sample, plus the input projections."""
-        per_event = matrix_params(self.attn_mlp) * self.max_len
-        return (
-            6.0 * (per_event + matrix_params(self.mlp) + matrix_params(self.out))
-            + self.tokens.flops_per_sample()
-        )
+    def flop_terms(self) -> list[flops.Term]:
+        """The attention MLP once per history slot, the MLP and output once per sample, plus the
+        tokenizer's input projections."""
+        per_sample = flops.matrix_params(self.mlp) + flops.matrix_params(self.out)
+        return [
+            *self.tokens.flop_terms(),
+            flops.Matmul(flops.matrix_params(self.attn_mlp), self.max_len),
+            flops.Matmul(per_sample, 1),
+        ]
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x_BTD, _ = self.tokens(batch)
@@ -126,19 +151,3 @@ class DINRanker(nn.Module):
         pooled_BD = (score_BL[:, :, None] * hist_BLD).sum(1)
         h = self.mlp(torch.cat([ctx_BTD.reshape(B, -1), pooled_BD, tgt_BD], -1))
         return self.out(h).squeeze(-1).float()
-
-
-def build_model(arch: Arch, cfg: RankerConfig, dims: FeatureDims) -> nn.Module:
-    if arch == "transformer":
-        return Ranker(cfg, dims)
-    if arch == "din":
-        if cfg.mup:
-            # Its MLPs would get muP's hidden LR / m, but not its init or readout scaling.
-            raise ValueError(
-                "arch='din' does not implement muP (its init and readout do not scale with width); "
-                "set model.ranker.mup=false for the DIN baseline"
-            )
-        return DINRanker(cfg, dims)
-    if arch == "popularity":
-        return PopularityRanker(cfg, dims)
-    raise ValueError(f"arch={arch!r}; expected 'transformer', 'din' or 'popularity'")

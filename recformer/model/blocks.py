@@ -1,10 +1,10 @@
 """Transformer blocks: the MLP and one small class per norm placement (DESIGN section 4).
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``M`` MLP hidden width, ``X`` MLP up
-projection width (M, or 2M for SwiGLU), ``Q`` updated tokens (T, or the ``keep`` slice).
+Shape suffixes: the legend in ``recformer/__init__.py``.
 
 Every block is attention + MLP, each a residual branch ``f``. The placements differ only in where
-the norms sit, so each class overrides ``forward`` in two lines:
+the norms sit, so each class writes its two lines, ``residual``, once; ``forward`` (training) and
+``forward_stats`` (the eager stats path) run those same lines with their own attention branch:
 
 =============  ==========================================  =========================================
 placement      branch update                               why / source
@@ -22,19 +22,21 @@ With ``layernorm_scaling`` every norm of block ``l`` (1-based) multiplies its ou
 
 ``keep`` (a slice of token positions) makes a block update only those rows: attention still reads
 keys and values from every token, but queries, the output projection and the MLP run on the kept
-rows alone. The ranker's last block uses it for the tokens its head reads.
+rows alone. The ranker's last block uses it for the tokens its head reads. In ``residual``, ``attn``
+maps the (normalised) stream to the attention update of the kept rows and ``rows`` selects them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recformer.config import RankerConfig
-from recformer.model.attention import Attention
+from recformer.model.attention import Attention, AttentionStats
 from recformer.model.norms import layer_scale, make_norm
 
 
@@ -45,6 +47,10 @@ def mlp_hidden(cfg: RankerConfig) -> int:
     if cfg.mlp == "swiglu":
         return 8 * math.ceil(hidden * 2 / 3 / 8)
     return max(1, round(hidden))
+
+
+Branch = Callable[[torch.Tensor], torch.Tensor]
+"""A residual branch or row selection as ``residual`` receives it."""
 
 
 def rows(x_BTD: torch.Tensor, keep: slice | None) -> torch.Tensor:
@@ -97,7 +103,26 @@ class Block(nn.Module):
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
     ) -> torch.Tensor:
         """New residual stream [B, T, D], or only the rows ``keep`` selects ([B, Q, D])."""
-        raise NotImplementedError(f"{type(self).__name__} must define forward")
+        return self.residual(
+            x_BTD, lambda h_BTD: self.attn(h_BTD, attend_B11T, keep), lambda t: rows(t, keep)
+        )
+
+    def forward_stats(
+        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None
+    ) -> tuple[torch.Tensor, AttentionStats]:
+        """``forward`` over every token, attention formed explicitly: the stream and its statistics."""
+        found: list[AttentionStats] = []
+
+        def attn(h_BTD: torch.Tensor) -> torch.Tensor:
+            y_BTD, stats = self.attn.explicit(h_BTD, attend_B11T)
+            found.append(stats)
+            return y_BTD
+
+        return self.residual(x_BTD, attn, lambda t: t), found[0]
+
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        """The placement: the block's two residual updates, in two lines."""
+        raise NotImplementedError(f"{type(self).__name__} must define residual")
 
 
 class PostNormBlock(Block):
@@ -105,10 +130,8 @@ class PostNormBlock(Block):
 
     placement = "post"
 
-    def forward(
-        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
-    ) -> torch.Tensor:
-        h_BQD = self.attn_norm(rows(x_BTD, keep) + self.attn(x_BTD, attend_B11T, keep))
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        h_BQD = self.attn_norm(rows(x_BTD) + attn(x_BTD))
         return self.mlp_norm(h_BQD + self.mlp(h_BQD))
 
 
@@ -117,10 +140,8 @@ class PreNormBlock(Block):
 
     placement = "pre"
 
-    def forward(
-        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
-    ) -> torch.Tensor:
-        h_BQD = rows(x_BTD, keep) + self.attn(self.attn_norm(x_BTD), attend_B11T, keep)
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        h_BQD = rows(x_BTD) + attn(self.attn_norm(x_BTD))
         return h_BQD + self.mlp(self.mlp_norm(h_BQD))
 
 
@@ -135,10 +156,8 @@ class SandwichNormBlock(Block):
         self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
         self.mlp_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
 
-    def forward(
-        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
-    ) -> torch.Tensor:
-        h_BQD = rows(x_BTD, keep) + self.attn_out_norm(self.attn(self.attn_norm(x_BTD), attend_B11T, keep))
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        h_BQD = rows(x_BTD) + self.attn_out_norm(attn(self.attn_norm(x_BTD)))
         return h_BQD + self.mlp_out_norm(self.mlp(self.mlp_norm(h_BQD)))
 
 
@@ -147,10 +166,8 @@ class ReorderedNormBlock(Block):
 
     placement = "reordered"
 
-    def forward(
-        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
-    ) -> torch.Tensor:
-        h_BQD = rows(x_BTD, keep) + self.attn_norm(self.attn(x_BTD, attend_B11T, keep))
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        h_BQD = rows(x_BTD) + self.attn_norm(attn(x_BTD))
         return h_BQD + self.mlp_norm(self.mlp(h_BQD))
 
 
@@ -174,10 +191,8 @@ class DeepNormBlock(Block):
         super().__init__(cfg, layer)
         self.alpha = deepnorm_alpha(cfg.n_layers)
 
-    def forward(
-        self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
-    ) -> torch.Tensor:
-        h_BQD = self.attn_norm(self.alpha * rows(x_BTD, keep) + self.attn(x_BTD, attend_B11T, keep))
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+        h_BQD = self.attn_norm(self.alpha * rows(x_BTD) + attn(x_BTD))
         return self.mlp_norm(self.alpha * h_BQD + self.mlp(h_BQD))
 
 

@@ -1,9 +1,6 @@
 """Turns a ``Batch`` into the token sequence the blocks attend over (DESIGN section 4).
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``F`` context categorical fields,
-``C`` per-event categorical fields, ``I`` item side features, ``L`` history length, ``S`` item slots
-(the L history events and the target, L + 1), ``J`` ids of an item (1 + I), ``U`` bags per sample
-(F + S), ``X`` flattened ids of the batch, ``K`` content dimension.
+Shape suffixes: the legend in ``recformer/__init__.py``.
 
 Token layout, fixed per model so every position has a meaning::
 
@@ -30,11 +27,7 @@ from torch import nn
 
 from recformer.batch import ID_FIELDS, Batch
 from recformer.config import FeatureDims, RankerConfig
-
-
-def matrix_params(module: nn.Module) -> int:
-    """Parameters of ``module``'s matrices (ndim >= 2): what a FLOP count multiplies by its tokens."""
-    return sum(p.numel() for p in module.parameters() if p.ndim >= 2)
+from recformer.model import flops
 
 
 class FeatureTokenizer(nn.Module):
@@ -61,42 +54,7 @@ class FeatureTokenizer(nn.Module):
         self.n_context = 1 + self.n_cat + self.dense_tokens + len(self.emb_dims)
         self.n_tokens = self.n_context + self.max_len + 1
         _check_dims(dims)
-
-        # One table for every categorical row: context fields, items, item features, event
-        # categoricals, time gaps. Each token's ids (a history event has 1 + I + C + 1 of them) are
-        # one bag of the same embedding_bag call, so the whole lookup is one gather and one
-        # scatter-add in backward, whatever the number of fields.
-        sizes = {
-            "cat": list(dims.cat_rows),
-            "item": [dims.item_rows],
-            "item_feat": list(dims.item_feat_rows),
-            "hist_cat": list(dims.hist_cat_rows) if self.max_len else [],
-            "gap": [dims.time_gap_buckets] if self.max_len and dims.time_gap_buckets else [],
-        }
-        starts, row = {}, 0
-        for group, rows in sizes.items():
-            starts[group] = []
-            for r in rows:
-                starts[group].append(row)
-                row += r
-        self.table_rows = row
-        self.table = nn.Embedding(row, D)
-        self.item_offset = starts["item"][0]
-        self.gap_offset = starts["gap"][0] if starts["gap"] else -1
-        self.register_buffer("cat_offsets", torch.tensor(starts["cat"], dtype=torch.long), persistent=False)
-        self.register_buffer(
-            "feat_offsets", torch.tensor(starts["item_feat"], dtype=torch.long), persistent=False
-        )
-        self.register_buffer(
-            "hist_cat_offsets", torch.tensor(starts["hist_cat"], dtype=torch.long), persistent=False
-        )
-        # Bag layout of one sample: F single-id bags, L event bags of K_h ids, one target bag of J ids.
-        self.item_ids = 1 + self.n_item_feats  # J
-        self.event_ids = self.item_ids + self.n_hist_cat + (1 if self.gap_offset >= 0 else 0)  # K_h
-        bag_sizes = [1] * self.n_cat + [self.event_ids] * self.max_len + [self.item_ids]
-        self.ids_per_sample = sum(bag_sizes)
-        self.register_buffer("bag_starts", torch.tensor([0, *bag_sizes[:-1]]).cumsum(0), persistent=False)
-
+        self._build_table(dims)
         self.cls = nn.Parameter(torch.zeros(D))
         if self.dense_tokens:
             self.dense_proj = nn.Linear(dims.n_dense, self.dense_tokens * D, bias=False)
@@ -113,14 +71,59 @@ class FeatureTokenizer(nn.Module):
             )
         self.slot_emb = nn.Parameter(torch.zeros(self.n_tokens, D))
 
-    def flops_per_sample(self) -> float:
-        """Training FLOPs per sample of the input projections (6 per parameter per application):
-        the dense and embedding projections once per sample, the content projection once per item
+    def _build_table(self, dims: FeatureDims) -> None:
+        """One table for every categorical row: context fields, items, item features, event
+        categoricals, time gaps, in that order (``table_groups``). Each token's ids (a history event
+        has 1 + I + C + 1 of them) are one bag of the same embedding_bag call, so the whole lookup
+        is one gather and one scatter-add in backward, whatever the number of fields."""
+        sizes = {
+            "cat": list(dims.cat_rows),
+            "item": [dims.item_rows],
+            "item_feat": list(dims.item_feat_rows),
+            "hist_cat": list(dims.hist_cat_rows) if self.max_len else [],
+            "gap": [dims.time_gap_buckets] if self.max_len and dims.time_gap_buckets else [],
+        }
+        starts, row = {}, 0
+        self.table_groups: dict[str, tuple[int, int]] = {}
+        """Row range of each feature group in ``table`` (the groups that have rows)."""
+        for group, group_rows in sizes.items():
+            starts[group] = []
+            for r in group_rows:
+                starts[group].append(row)
+                row += r
+            if sum(group_rows):
+                self.table_groups[group] = (starts[group][0], row)
+        self.table_rows = row
+        self.table = nn.Embedding(row, self.d_model)
+        self.item_offset = starts["item"][0]
+        self.gap_offset = starts["gap"][0] if starts["gap"] else -1
+        for name, group in (
+            ("cat_offsets", "cat"),
+            ("feat_offsets", "item_feat"),
+            ("hist_cat_offsets", "hist_cat"),
+        ):
+            self.register_buffer(name, torch.tensor(starts[group], dtype=torch.long), persistent=False)
+        # Bag layout of one sample: F single-id bags, L event bags (J ids, C event ids, a gap), one
+        # target bag of J ids.
+        self.item_ids = 1 + self.n_item_feats  # J
+        self.event_ids = self.item_ids + self.n_hist_cat + (1 if self.gap_offset >= 0 else 0)
+        bag_sizes = [1] * self.n_cat + [self.event_ids] * self.max_len + [self.item_ids]
+        self.ids_per_sample = sum(bag_sizes)
+        self.register_buffer("bag_starts", torch.tensor([0, *bag_sizes[:-1]]).cumsum(0), persistent=False)
+
+    def embedding_groups(self) -> dict[str, tuple[nn.Embedding, int, int]]:
+        """Rows of ``table`` by feature group: ``{name: (table, start, stop)}``."""
+        return {name: (self.table, a, b) for name, (a, b) in self.table_groups.items()}
+
+    def flop_terms(self) -> list[flops.Term]:
+        """The dense and embedding projections once per sample, the content projection once per item
         token (the target and every history slot). Table lookups are no FLOPs."""
         dense, content = getattr(self, "dense_proj", None), getattr(self, "content_proj", None)
-        once = matrix_params(self.emb_proj) + (matrix_params(dense) if dense is not None else 0)
-        per_item = matrix_params(content) * (self.max_len + 1) if content is not None else 0
-        return 6.0 * (once + per_item)
+        once = flops.matrix_params(self.emb_proj) + (flops.matrix_params(dense) if dense is not None else 0)
+        terms = [flops.Matmul(once, 1)]
+        if content is not None:
+            terms.append(flops.Matmul(flops.matrix_params(content), self.max_len + 1))
+        return terms
 
     def param_kinds(self, prefix: str = "tokens.") -> dict[str, str]:
         """Optimizer / muP kind of each of its parameters (``recformer.optim``), names under
@@ -234,22 +237,22 @@ class FeatureTokenizer(nn.Module):
                 event.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
             pieces.append(torch.cat(event, dim=-1).view(B, L * self.event_ids))
         pieces.append(ids_BSJ[:, L])
-        ids_X = torch.cat(pieces, dim=1).view(-1)
-        starts_X = (
-            self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_X.device)[:, None]
+        ids_Z = torch.cat(pieces, dim=1).view(-1)
+        starts_Z = (
+            self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_Z.device)[:, None]
         ).view(-1)
-        bag_BUD = F.embedding_bag(ids_X, self.table.weight, starts_X, mode="sum").view(B, F_ + S, D)
+        bag_BUD = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum").view(B, F_ + S, D)
 
         parts_BxD = [self.cls.expand(B, 1, D)]
         if self.dense_tokens:
             parts_BxD.append(self.dense_proj(batch.dense).view(B, self.dense_tokens, D))
         if self.emb_dims:
-            for proj, e_BK in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
-                parts_BxD.append(proj(e_BK).unsqueeze(1))
+            for proj, e_BE in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
+                parts_BxD.append(proj(e_BE).unsqueeze(1))
         if self.dims.content_dim:
             w = self.content_proj.weight
-            content_BSK = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
-            parts_BxD += [bag_BUD[:, :F_], bag_BUD[:, F_:] + self.content_proj(content_BSK)]
+            content_BSP = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
+            parts_BxD += [bag_BUD[:, :F_], bag_BUD[:, F_:] + self.content_proj(content_BSP)]
         else:
             parts_BxD.append(bag_BUD)
 

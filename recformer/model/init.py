@@ -15,9 +15,11 @@ xavier     N(0, 2 / (fan_in + fan_out)) (Glorot & Bengio 2010)
 scaled     N(0, std); residual writers std / sqrt(2L) (GPT-2, Radford et al. 2019)
 depth      N(0, std); residual writers of block l std / sqrt(2(l + 1)) (OLMo "mitchell" init)
 deepnorm   xavier; v, attn_out, mlp_up, mlp_down with gain beta = (8L)^(-1/4) (DeepNet 2022)
-mup        N(0, std / sqrt(m)), m = d_model / base_d_model: fan-in scaling of the hidden matrices,
-           so activations keep their size as width grows (Yang et al. 2022, Tensor Programs V)
 =========  =================================================================================
+
+Under muP (``RankerConfig.mup``) every hidden matrix's std is further divided by sqrt(m),
+m = d_model / base_d_model: fan-in scaling, so activations keep their size as width grows (Yang et
+al. 2022, Tensor Programs V; ``recformer.model.mup``).
 
 Everything else is the same for every method: embedding tables, CLS and slot embeddings N(0, std)
 (constant in width, as muP wants for input weights); input projections (dense / content / per-row
@@ -37,6 +39,7 @@ from torch import nn
 from recformer.config import RankerConfig
 from recformer.model.blocks import deepnorm_beta
 from recformer.model.embedding import FeatureTokenizer
+from recformer.model.mup import hidden_init_multiplier
 from recformer.model.norms import LayerNorm, RMSNorm
 
 if TYPE_CHECKING:
@@ -54,10 +57,15 @@ def xavier_std(fan_in: int, fan_out: int) -> float:
 
 
 def matrix_std(cfg: RankerConfig, role: str, layer: int | None, fan_in: int, fan_out: int) -> float:
-    """Standard deviation of a hidden matrix of ``role`` in block ``layer`` (None = outside blocks)."""
-    std, m = cfg.init_std, cfg.width_mult
+    """Standard deviation of a hidden matrix of ``role`` in block ``layer`` (None = outside blocks):
+    the init method's, times muP's fan-in factor (``mup.hidden_init_multiplier``, 1 without muP)."""
+    return _method_std(cfg, role, layer, fan_in, fan_out) * hidden_init_multiplier(cfg)
+
+
+def _method_std(cfg: RankerConfig, role: str, layer: int | None, fan_in: int, fan_out: int) -> float:
+    std = cfg.init_std
     writer = role in RESIDUAL_WRITERS and layer is not None
-    if cfg.init == "normal":
+    if cfg.init in ("normal", "mup"):  # "mup": the deprecated name of normal under mup=True
         return std
     if cfg.init == "xavier":
         return xavier_std(fan_in, fan_out)
@@ -68,8 +76,6 @@ def matrix_std(cfg: RankerConfig, role: str, layer: int | None, fan_in: int, fan
     if cfg.init == "deepnorm":
         gain = deepnorm_beta(cfg.n_layers) if role in DEEPNORM_BETA_ROLES and layer is not None else 1.0
         return gain * xavier_std(fan_in, fan_out)
-    if cfg.init == "mup":
-        return std / math.sqrt(m)
     raise ValueError(
         f"RankerConfig.init={cfg.init!r}; expected normal, xavier, scaled, depth, deepnorm or mup"
     )

@@ -1,83 +1,45 @@
-"""muP coordinate check (Yang et al. 2022), with the optimizer groups training uses.
+"""muP (Yang et al. 2022, "Tensor Programs V"): every width rule, behind one switch,
+``RankerConfig.mup``.
 
-Shape legend: ``L`` number of blocks, ``W`` number of widths, ``S`` steps.
+With ``m = d_model / base_d_model`` (``RankerConfig.width_mult``) and muP on:
 
-The coordinate check trains a model of each width for a few Adam steps on one fixed batch and
-records the RMS of every layer's activations ("coordinate size"). Under muP those curves lie on top
-of each other across widths; under the standard parametrization they grow with width, because a
-constant Adam LR moves a hidden matrix by O(1) per entry and its output by O(width). The mup
-package's ``get_coord_data`` is the model for this; this version is small enough to run in a test.
+=====================  ===========================================================================
+where                  rule (Table 3 of the paper, Adam column; the ``mup`` package's MuAdam)
+=====================  ===========================================================================
+hidden matrices        init std / sqrt(m) (fan-in scaling), Adam LR / m
+attention logits       scale 1/H instead of 1/sqrt(H): trained q and k correlate, so q . k grows
+                       like H (section 4)
+readout                its input multiplied by 1/m (``MuReadout``); Adam LR constant
+embeddings, input      init and LR constant in width
+projections, vectors
+=====================  ===========================================================================
+
+The rest of the code asks these functions; nothing else branches on ``cfg.mup``. The coordinate
+check that shows the rules hold is ``recformer.model.coord_check``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
 
-import torch
-import torch.nn.functional as F
-
-from recformer.batch import Batch
-from recformer.config import OptimConfig
-from recformer.model.ranker import Ranker
-from recformer.optim import build_param_groups
+from recformer.config import RankerConfig
 
 
-def coord_check(
-    make_model: Callable[[int], Ranker],
-    batch: Batch,
-    widths: Sequence[int],
-    steps: int = 3,
-    lr: float = 1e-2,
-    seed: int = 0,
-) -> dict[int, torch.Tensor]:
-    """Activation RMS per layer after each of ``steps`` Adam steps, for each width.
-
-    ``make_model(width)`` builds a ranker of that ``d_model`` (muP or not, as its config says).
-    Returns ``{width: rms_SX}`` with X = L + 2 columns: the token embeddings (block-0 input), each
-    block's output, and the logits; row s is measured after s + 1 updates on ``batch`` (BCE loss on
-    ``batch.label``), over the valid tokens only. Every width starts from the same seed.
-    """
-    if steps < 1:
-        raise ValueError(f"coord_check: steps={steps} must be >= 1")
-    out: dict[int, torch.Tensor] = {}
-    for width in widths:
-        torch.manual_seed(seed)
-        model = make_model(width)
-        model.train()
-        # The training code's own groups (muP: hidden LR / m), without weight decay: Adam.
-        groups = build_param_groups(
-            model,
-            model.param_kinds(),
-            OptimConfig(lr=lr, weight_decay=0.0),
-            model.cfg.width_mult,
-            model.cfg.mup,
-        )
-        opt = torch.optim.Adam([{"params": g["params"], "lr": g["lr"]} for g in groups])
-        rows = []
-        for _ in range(steps):
-            logits_B = model(batch)
-            loss = F.binary_cross_entropy_with_logits(logits_B, batch.label)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                logits_B, stats = model(batch, return_stats=True)
-                rows.append(_layer_rms(stats["hidden"], logits_B, batch.hist_mask, model.tokens.n_context))
-        out[width] = torch.stack(rows)
-    return out
+def attention_scale(cfg: RankerConfig) -> float:
+    """Logit scale: 1/sqrt(H) (Vaswani et al. 2017), or 1/H under muP."""
+    return 1.0 / cfg.d_head if cfg.mup else 1.0 / math.sqrt(cfg.d_head)
 
 
-def _layer_rms(
-    hidden: list[torch.Tensor], logits_B: torch.Tensor, hist_mask: torch.Tensor, n_context: int
-) -> torch.Tensor:
-    """RMS of each hidden state over valid tokens, then of the logits: [L + 2]."""
-    h0 = hidden[0]
-    B, T = h0.shape[:2]
-    valid_BT = torch.ones(B, T, dtype=torch.bool, device=h0.device)
-    if hist_mask.shape[1]:
-        valid_BT[:, n_context : n_context + hist_mask.shape[1]] = hist_mask
-    w_BT1 = valid_BT.unsqueeze(-1).float()
-    denom = w_BT1.sum() * h0.shape[-1]
-    rms = [((h.float().square() * w_BT1).sum() / denom).sqrt() for h in hidden]
-    rms.append(logits_B.float().square().mean().sqrt())
-    return torch.stack(rms)
+def readout_multiplier(cfg: RankerConfig) -> float:
+    """What the head's readout input is multiplied by: 1/m under muP, else 1."""
+    return 1.0 / cfg.width_mult if cfg.mup else 1.0
+
+
+def hidden_init_multiplier(cfg: RankerConfig) -> float:
+    """Factor on the init std of every hidden matrix (width x width): 1/sqrt(m) under muP."""
+    return 1.0 / math.sqrt(cfg.width_mult) if cfg.mup else 1.0
+
+
+def hidden_lr_multiplier(cfg: RankerConfig) -> float:
+    """Factor on the Adam LR of the hidden matrices: 1/m under muP."""
+    return 1.0 / cfg.width_mult if cfg.mup else 1.0

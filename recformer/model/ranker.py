@@ -1,22 +1,19 @@
 """The tokenized-feature Transformer ranker: tokens -> blocks -> head -> one click logit per sample.
 
-Shape legend: ``B`` batch, ``T`` tokens, ``D`` model width, ``N`` heads, ``L`` number of blocks,
-``K`` tokens the head reads (1 or 2), ``M`` head hidden width.
+Shape suffixes: the legend in ``recformer/__init__.py``.
 
-Two forward paths over the same modules:
+Two forward paths over the same modules (the ``RankerNet`` contract, ``model/protocol.py``):
 
 - ``ranker(batch)``: the training path. No hooks, no host syncs, no branching on tensor values;
   ``ranker.compile()`` (in place, state-dict keys unchanged) captures it as one graph. The last
   block updates only the token(s) the head reads (its other outputs would be dead compute), which
-  removes most of that block's matmuls: about (L - 1) / L of the model's block FLOPs remain.
-- ``ranker(batch, return_stats=True)``: the probe path for the health callbacks. It runs eagerly
-  even on a compiled ranker (``torch.compiler.disable``) and forms attention explicitly to read the
-  logits. See ``Ranker.forward`` for the statistics it returns.
+  removes most of that block's matmuls: about (Y - 1) / Y of the model's block FLOPs remain.
+- ``ranker.forward_stats(batch)``: the stats path for the health callbacks and the coordinate
+  check. It runs eagerly even on a compiled ranker (``torch.compiler.disable``), forms attention
+  explicitly to read the logits, and returns its statistics (``BlockStats``).
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +21,14 @@ from torch import nn
 
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
+from recformer.model import flops
 from recformer.model.blocks import NORMALISED_STREAM, make_block
-from recformer.model.embedding import FeatureTokenizer, matrix_params
+from recformer.model.embedding import FeatureTokenizer
 from recformer.model.init import init_weights
+from recformer.model.mup import readout_multiplier
 from recformer.model.norms import make_norm
-
-ParamKind = Literal["hidden", "input", "embedding", "vector", "readout"]
+from recformer.model.protocol import BlockStats, ParamKind
+from recformer.optim import DEFAULT_RULES
 
 
 class Head(nn.Module):
@@ -45,7 +44,7 @@ class Head(nn.Module):
         n_in = 2 * cfg.d_model if cfg.head == "both" else cfg.d_model
         self.hidden = nn.Linear(n_in, cfg.head_hidden or 2 * cfg.d_model)
         self.out = nn.Linear(self.hidden.out_features, 1)
-        self.readout_mult = 1.0 / cfg.width_mult if cfg.mup else 1.0
+        self.readout_mult = readout_multiplier(cfg)
 
     def keep(self, n_tokens: int) -> slice:
         """Positions the head reads: CLS at 0, the target at T - 1 (see FeatureTokenizer)."""
@@ -58,9 +57,9 @@ class Head(nn.Module):
     def select(self, x_BTD: torch.Tensor) -> torch.Tensor:
         return x_BTD[:, self.keep(x_BTD.shape[1])]
 
-    def forward(self, z_BKD: torch.Tensor) -> torch.Tensor:
-        """``z_BKD``: the selected (and normalised) tokens; returns logits [B]."""
-        h_BM = F.gelu(self.hidden(z_BKD.flatten(1)))
+    def forward(self, z_BRD: torch.Tensor) -> torch.Tensor:
+        """``z_BRD``: the selected (and normalised) tokens; returns logits [B]."""
+        h_BM = F.gelu(self.hidden(z_BRD.flatten(1)))
         if self.readout_mult != 1.0:
             h_BM = h_BM * self.readout_mult
         return self.out(h_BM).squeeze(-1)
@@ -68,6 +67,8 @@ class Head(nn.Module):
 
 class Ranker(nn.Module):
     """Pure ``nn.Module`` ranker built from a ``RankerConfig`` and the data's ``FeatureDims``."""
+
+    optimizer_rules = DEFAULT_RULES
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
@@ -87,29 +88,27 @@ class Ranker(nn.Module):
         """Tokens per sample T (CLS + context + history + target)."""
         return self.tokens.n_tokens
 
+    def transformer_blocks(self) -> nn.ModuleList:
+        return self.blocks
+
+    def embedding_groups(self) -> dict[str, tuple[nn.Embedding, int, int]]:
+        return self.tokens.embedding_groups()
+
     def set_item_tables(self, content: torch.Tensor | None, features: torch.Tensor | None) -> None:
-        """Copy the item side table (content [item_rows, K] any float dtype, features [item_rows, I]
+        """Copy the item side table (content [item_rows, P] any float dtype, features [item_rows, I]
         int) into the persistent buffers; row 0 is the OOV row. See ``FeatureTokenizer``."""
         self.tokens.set_item_tables(content, features)
 
-    def flops_per_sample(self) -> float:
-        """Training FLOPs per sample of the training path (``Throughput``'s MFU): 6 per matrix
-        parameter per token it is applied to (2 per multiply-add, backward twice the forward), and
-        12 * Q * T * D per block for attention (q k^T and p v) over Q query and T key tokens. Every
-        block but the last runs all T tokens; the last computes queries, the output projection and
-        the MLP for the K tokens the head reads only (its keys and values still cover all T).
-        The head runs once per sample; the tokenizer counts its own (``FeatureTokenizer``).
-        Embedding lookups are no FLOPs."""
+    def flop_terms(self) -> list[flops.Term]:
+        """Every block but the last runs all T tokens; the last updates only the R tokens the head
+        reads (its keys and values still cover all T). The head runs once per sample; the
+        tokenizer counts its own projections."""
         T, D = self.n_tokens, self.cfg.d_model
-        K = len(range(T)[self.head.keep(T)])
-        flops = 0.0
+        R = len(range(T)[self.head.keep(T)])
+        terms = self.tokens.flop_terms()
         for i, block in enumerate(self.blocks):
-            if i < len(self.blocks) - 1:
-                flops += 6.0 * matrix_params(block) * T + 12.0 * T * T * D
-            else:
-                kv = 2 * D * D  # the k and v rows of the fused qkv projection
-                flops += 6.0 * (kv * T + (matrix_params(block) - kv) * K) + 12.0 * K * T * D
-        return flops + 6.0 * matrix_params(self.head) + self.tokens.flops_per_sample()
+            terms += flops.block_terms(block, D, T, R if i == len(self.blocks) - 1 else None)
+        return terms + [flops.Matmul(flops.matrix_params(self.head), 1)]
 
     def param_kinds(self) -> dict[str, ParamKind]:
         """muP / optimizer category of every parameter (Yang et al. 2022, Table 3 for Adam):
@@ -137,43 +136,20 @@ class Ranker(nn.Module):
                 raise RuntimeError(f"param_kinds: no rule for parameter {name} of shape {tuple(p.shape)}")
         return kinds
 
-    def __call__(
-        self, batch: Batch, return_stats: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor | list[torch.Tensor]]]:
-        # The probe path skips the compiled call that ``ranker.compile()`` installs, so it runs
-        # eagerly even under ``compile(fullgraph=True)`` and never adds guards to the training graph.
-        if return_stats:
-            return self._forward_with_stats(batch)
-        return super().__call__(batch)
-
-    def forward(
-        self, batch: Batch, return_stats: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor | list[torch.Tensor]]]:
-        """Click logits, float32 [B]. With ``return_stats=True`` also a dict of detached tensors:
-
-        - ``hidden``: list of L + 1 [B, T, D] residual streams: the block-0 input, then each output;
-        - ``resid_rms`` [L]: RMS of each block's output over the valid tokens;
-        - ``attn_logit_max`` [L, N]: max pre-softmax logit per head over valid queries and keys;
-        - ``attn_entropy`` [L, N]: mean over valid queries of entropy / log(valid keys): 1 is uniform
-          averaging, 0 is a one-hot softmax;
-        - ``cos_adjacent`` [L]: mean cosine between the stream entering and leaving each block over
-          valid tokens: near 1 means the block barely changes its input (idles).
-        """
-        if return_stats:
-            return self._forward_with_stats(batch)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Click logits, float32 [B]."""
         x_BTD, valid_BT = self.tokens(batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         for block in self.blocks[:-1]:
             x_BTD = block(x_BTD, attend_B11T)
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
-        # and MLP on K tokens instead of T); their keys and values still come from every token.
-        z_BKD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
-        return self.head(self.final_norm(z_BKD)).float()
+        # and MLP on R tokens instead of T); their keys and values still come from every token.
+        z_BRD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
+        return self.head(self.final_norm(z_BRD)).float()
 
     @torch.compiler.disable
-    def _forward_with_stats(
-        self, batch: Batch
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | list[torch.Tensor]]]:
+    def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
+        """The logits of ``forward`` and the blocks' statistics (``BlockStats``), eagerly."""
         x_BTD, valid_BT = self.tokens(batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         if valid_BT is None:
@@ -184,37 +160,25 @@ class Ranker(nn.Module):
         hidden = [x_BTD.detach()]
         resid, logit_max, entropy, cos = [], [], [], []
         for block in self.blocks:
-            block.attn.probe = {}
-            try:
-                y_BTD = block(x_BTD, attend_B11T)
-                probe = block.attn.probe
-            finally:
-                block.attn.probe = None  # the training path must never see a probe dict
+            y_BTD, attn = block.forward_stats(x_BTD, attend_B11T)
             with torch.no_grad():
                 y32_BTD, x32_BTD = y_BTD.detach().float(), x_BTD.detach().float()
                 resid.append(((y32_BTD.square().mean(-1) * w_BT).sum() / n_valid).sqrt())
                 cos.append((F.cosine_similarity(x32_BTD, y32_BTD, dim=-1) * w_BT).sum() / n_valid)
-            logit_max.append(probe["logit_max_N"].float())
-            entropy.append(probe["entropy_N"].float())
+            logit_max.append(attn.logit_max_N.float())
+            entropy.append(attn.entropy_N.float())
             hidden.append(y_BTD.detach())
             x_BTD = y_BTD
-        logits_B = self._read(x_BTD)
-        stats: dict[str, torch.Tensor | list[torch.Tensor]] = {
-            "hidden": hidden,
-            "resid_rms": torch.stack(resid),
-            "attn_logit_max": torch.stack(logit_max),
-            "attn_entropy": torch.stack(entropy),
-            "cos_adjacent": torch.stack(cos),
-        }
-        return logits_B, stats
-
-    def _read(self, x_BTD: torch.Tensor) -> torch.Tensor:
         # Select first, then normalise: the final norm is per token, so only the read tokens need it.
-        return self.head(self.final_norm(self.head.select(x_BTD))).float()
+        logits_B = self.head(self.final_norm(self.head.select(x_BTD))).float()
+        stats = BlockStats(
+            hidden, torch.stack(resid), torch.stack(logit_max), torch.stack(entropy), torch.stack(cos)
+        )
+        return logits_B, stats
 
     def extra_repr(self) -> str:
         c = self.cfg
         return (
-            f"T={self.n_tokens}, D={c.d_model}, L={c.n_layers}, N={c.n_heads}, placement={c.norm_placement}, "
+            f"T={self.n_tokens}, D={c.d_model}, Y={c.n_layers}, N={c.n_heads}, placement={c.norm_placement}, "
             f"norm={c.norm}, qk_norm={c.qk_norm}, init={c.init}, mup={c.mup} (m={c.width_mult:.3g})"
         )
