@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recformer.batch import Batch
+from recformer.batch import Batch, batch_of
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import Ranker, flops
 from recformer.model.blocks import mlp_hidden
@@ -112,13 +112,8 @@ def make_batch(dims: FeatureDims, B: int, device: str, seed: int = 0) -> Batch:
         hist_cat=torch.randint(1, dims.hist_cat_rows[0], (B, L, 1), generator=g) * mask[..., None],
         hist_gap=torch.randint(1, dims.time_gap_buckets, (B, L), generator=g) * mask,
         hist_mask=mask,
-        keys=torch.zeros(B, 0, dtype=torch.long),
     )
-    from dataclasses import fields
-
-    if "oov" in {f.name for f in fields(Batch)}:
-        tensors["oov"] = torch.zeros(0, dtype=torch.long)
-    return Batch(**tensors).to(device)
+    return batch_of(**tensors).to(device)
 
 
 class ReferenceRanker(nn.Module):

@@ -27,6 +27,7 @@ letter per axis, with the same meaning in every file:
 ``P``  width of the item content embedding
 ``Dn`` dense features
 ``K``  key columns (copied to predictions)
+``G``  values of the bag fields (their ``max_values`` summed)
 ``O``  id fields whose unknown ids are counted
 ``W``  widths (of a coordinate check)
 ``A``  optimizer steps (of a coordinate check)

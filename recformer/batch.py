@@ -62,6 +62,9 @@ FIELDS: tuple[BatchField, ...] = (
     BatchField("dense", "row", "float32", "float32", ("B", "Dn"), "normalised dense features"),
     BatchField("emb", "row", "float32", "float32", ("B", "E"), "per-row embedding columns, in spec order"),
     BatchField("keys", "row", "int64", "int64", ("B", "K"), "the spec's key columns, for predictions"),
+    BatchField(
+        "bag", "row", "int32", "int64", ("B", "G"), "per-field rows of the bag fields' values; -1 = none"
+    ),
     BatchField("hist_item", "event", "item", "int64", ("B", "L"), "item rows of the history (0 = padding)"),
     BatchField("hist_cat", "event", "event_cat", "int64", ("B", "L", "C"), "per-event categorical rows"),
     BatchField("hist_gap", "event", "uint8", "int64", ("B", "L"), "time-gap bucket rows (0 = padding)"),
@@ -122,3 +125,17 @@ Batch = dataclasses.make_dataclass(
     "Batch", [(f.name, "torch.Tensor") for f in FIELDS], bases=(_BatchOps,), namespace={"__doc__": _doc()}
 )
 Batch.__module__ = __name__
+
+
+def batch_of(**tensors: torch.Tensor) -> Batch:
+    """A Batch of the given fields, every other field empty (zero along each axis but ``B``, as a
+    spec without that input has it): for batches made outside the loader (tests, benches), which
+    then need no change when a field is added."""
+    import torch  # here: the module itself stays importable without torch
+
+    B = next(t.shape[0] for name, t in tensors.items() if name != "oov")
+    for f in FIELDS:
+        if f.name not in tensors:
+            shape = tuple(B if axis == "B" else 0 for axis in f.shape)
+            tensors[f.name] = torch.zeros(shape, dtype=getattr(torch, f.device))
+    return Batch(**tensors)

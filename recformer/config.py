@@ -43,8 +43,14 @@ class CategoricalField:
     (negative ids are an error). Ignored when ``vocab`` is given."""
     vocab: list[str] | None = None
     """Known values of a string column, in id order; anything else goes to the OOV row."""
+    max_values: int = 1
+    """Values per row: 1, a single id; more, a list column of up to this many ids (an item side
+    feature such as its genres, or a ``bags`` field); the rest of a longer list is not used, and
+    counted."""
 
     def __post_init__(self) -> None:
+        if self.max_values < 1:
+            raise ValueError(f"categorical field {self.name!r}: max_values={self.max_values} must be >= 1")
         if self.vocab is not None:
             if len(set(self.vocab)) != len(self.vocab):
                 raise ValueError(f"categorical field {self.name!r}: vocab has duplicate values")
@@ -59,6 +65,26 @@ class CategoricalField:
     def rows(self) -> int:
         """Embedding rows this field needs, OOV row included."""
         return self.vocab_size + 1
+
+
+BagPooling = Literal["mean", "sum", "tokens"]
+
+
+@dataclass
+class BagField(CategoricalField):
+    """A multi-valued categorical (a list column of ids: a user's interests, a query's terms): the
+    values' embeddings pooled into one token (``mean``, ``sum``), or one token each (``tokens``)."""
+
+    pooling: BagPooling = "mean"
+    """``mean`` or ``sum`` of the values' embeddings into one token, or ``tokens``: one token per
+    value (up to ``max_values``), absent values masked out of attention."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pooling not in ("mean", "sum", "tokens"):
+            raise ValueError(
+                f"bag field {self.name!r}: pooling={self.pooling!r}; expected mean, sum or tokens"
+            )
 
 
 @dataclass
@@ -167,6 +193,8 @@ class FeatureSpec:
     """Dense float columns: normalised, then projected into ``dense_tokens`` tokens by the model."""
     embedding: list[EmbeddingField] = field(default_factory=list)
     """Per-row vector columns: one projected token each."""
+    bags: list[BagField] = field(default_factory=list)
+    """Multi-valued categorical list columns: pooled into one token each, or a token per value."""
     sequence: SequenceSpec | None = None
     """User history; ``None`` for a model without history."""
     unused: dict[str, str] = field(default_factory=dict)
@@ -181,8 +209,16 @@ class FeatureSpec:
         self.categorical = [_coerce(CategoricalField, f) for f in self.categorical]
         self.dense = [_coerce(DenseField, f) for f in self.dense]
         self.embedding = [_coerce(EmbeddingField, f) for f in self.embedding]
+        self.bags = [_coerce(BagField, f) for f in self.bags]
         if self.sequence is not None:
             self.sequence = _coerce(SequenceSpec, self.sequence)
+        events = self.sequence.categorical if self.sequence is not None else []
+        lists = [f.name for f in [*self.categorical, *events] if f.max_values != 1]
+        if lists:
+            raise ValueError(
+                f"categorical fields {lists} have max_values != 1: a context list column is a bag "
+                "(list it under bags); an event categorical is one id per event"
+            )
         names = self.columns()
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -203,7 +239,7 @@ class FeatureSpec:
         cols += [k for k in self.keys if k not in cols]
         # The GAUC group may also be a categorical feature (user id as both): one column, read once.
         cols += [f.name for f in self.categorical if f.name != self.group] + [f.name for f in self.dense]
-        cols += [f.name for f in self.embedding]
+        cols += [f.name for f in self.embedding] + [f.name for f in self.bags]
         if self.sequence is not None:
             s = self.sequence
             cols += [s.item_column] + [f.name for f in s.categorical]
@@ -228,6 +264,10 @@ class FeatureSpec:
             max_len=s.max_len if s else 0,
             hist_cat_rows=[f.rows for f in s.categorical] if s else [],
             time_gap_buckets=(s.time_gap_buckets + 1) if s and s.time_gap_column else 0,
+            item_feat_values=[f.max_values for f in self.item.features],
+            bag_rows=[f.rows for f in self.bags],
+            bag_values=[f.max_values for f in self.bags],
+            bag_pooling=[f.pooling for f in self.bags],
             columns=self.model_inputs(),
             encoding=self.encoding(),
         )
@@ -244,6 +284,7 @@ class FeatureSpec:
             "embedding": [f.name for f in self.embedding],
             "item_features": [f.name for f in self.item.features],
             "history": history,
+            "bags": [f.name for f in self.bags],
         }
 
     def encoding(self) -> dict[str, str]:
@@ -251,7 +292,7 @@ class FeatureSpec:
         normalisation and each string vocabulary's order (a digest), by column."""
         out = {f.name: f"mean={f.mean:.6g} std={f.std:.6g} log1p={f.log1p}" for f in self.dense}
         events = self.sequence.categorical if self.sequence else []
-        for f in [*self.categorical, *self.item.features, *events]:
+        for f in [*self.categorical, *self.item.features, *events, *self.bags]:
             if f.vocab is not None:
                 text = "\n".join(str(v) for v in f.vocab)
                 out[f.name] = _VOCAB + hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -318,6 +359,14 @@ class FeatureDims:
     """Rows per per-event categorical field (OOV/pad row included)."""
     time_gap_buckets: int = 0
     """Rows of the time-gap bucket table (pad row included); 0 = no time gaps."""
+    item_feat_values: list[int] = field(default_factory=list)
+    """Values per item side feature (1 = one id; more = a list, pooled into the item token)."""
+    bag_rows: list[int] = field(default_factory=list)
+    """Rows per bag field (OOV row included)."""
+    bag_values: list[int] = field(default_factory=list)
+    """Values kept per bag field (``max_values``)."""
+    bag_pooling: list[str] = field(default_factory=list)
+    """How each bag field becomes tokens (``BagField.pooling``)."""
     columns: dict[str, list[str]] = field(default_factory=dict)
     """The spec columns behind each input, in order (``FeatureSpec.model_inputs``): a checkpoint
     refuses data whose columns differ even where the sizes agree. Empty in checkpoints written
@@ -326,14 +375,18 @@ class FeatureDims:
     """Dense normalisation and string-vocabulary digests by column (``FeatureSpec.encoding``): another
     vocabulary is refused (``mismatch``), another normalisation warned of (``encoding_changes``)."""
 
+    def __post_init__(self) -> None:
+        if not self.item_feat_values:  # checkpoints from before it was kept: one id per feature
+            self.item_feat_values = [1] * len(self.item_feat_rows)
+
     def mismatch(self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint") -> str | None:
         """What makes data of these dims unfit for a model built with ``ckpt``'s, or None."""
-        if self.columns and ckpt.columns and self.columns != ckpt.columns:
-            diff = [
-                f"{k}: {mine} {self.columns.get(k, [])} vs {theirs} {ckpt.columns.get(k, [])}"
-                for k in sorted(set(self.columns) | set(ckpt.columns))
-                if self.columns.get(k, []) != ckpt.columns.get(k, [])
-            ]
+        diff = [
+            f"{k}: {mine} {self.columns.get(k, [])} vs {theirs} {ckpt.columns.get(k, [])}"
+            for k in sorted(set(self.columns) | set(ckpt.columns))
+            if self.columns.get(k, []) != ckpt.columns.get(k, [])  # an input added since: [] in old ones
+        ]
+        if self.columns and ckpt.columns and diff:
             return "other columns feed the model (" + "; ".join(diff) + ")"
         # A string vocabulary in another order maps every value to another embedding row.
         vocabs = self._encoding_diffs(ckpt, mine, theirs, vocab=True)

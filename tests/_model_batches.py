@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 
-from recformer.batch import Batch
+from recformer.batch import Batch, batch_of
 from recformer.config import FeatureDims
 
 
@@ -70,11 +68,19 @@ def random_batch(dims: FeatureDims, batch_size: int = 8, seed: int = 0, empty_hi
         hist_cat=hist_cat,
         hist_gap=gap,
         hist_mask=hist_mask,
-        keys=torch.zeros(B, 0, dtype=torch.long),
+        bag=random_bag(dims, B, g),
     )
-    if "oov" in {f.name for f in fields(Batch)}:  # per-batch OOV counts; the model ignores them
-        tensors["oov"] = torch.zeros(0, dtype=torch.long)
-    return Batch(**tensors)
+    return batch_of(**tensors)
+
+
+def random_bag(dims: FeatureDims, B: int, g: torch.Generator) -> torch.Tensor:
+    """Per bag field, a random number of values (0 to max_values) first, -1 after them: [B, G]."""
+    parts = []
+    for rows, M in zip(dims.bag_rows, dims.bag_values):
+        n_B = torch.randint(0, M + 1, (B,), generator=g)
+        values = torch.randint(0, rows, (B, M), generator=g)
+        parts.append(torch.where(torch.arange(M)[None, :] < n_B[:, None], values, -1))
+    return torch.cat(parts, dim=1) if parts else torch.zeros(B, 0, dtype=torch.long)
 
 
 def random_item_tables(dims: FeatureDims, seed: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -86,7 +92,12 @@ def random_item_tables(dims: FeatureDims, seed: int = 0) -> tuple[torch.Tensor |
         content = content / content.norm(dim=1, keepdim=True)
     features = None
     if dims.item_feat_rows:
-        features = torch.stack(
-            [torch.randint(0, r, (dims.item_rows,), generator=g) for r in dims.item_feat_rows], 1
-        )
+        columns = []
+        for r, M in zip(dims.item_feat_rows, dims.item_feat_values):
+            values = torch.randint(0, r, (dims.item_rows, M), generator=g)
+            if M > 1:  # a multi-valued feature: 1 to M values an item, -1 after them
+                n = torch.randint(1, M + 1, (dims.item_rows,), generator=g)
+                values = torch.where(torch.arange(M)[None, :] < n[:, None], values, -1)
+            columns.append(values)
+        features = torch.cat(columns, dim=1)
     return content, features

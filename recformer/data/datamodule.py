@@ -342,15 +342,26 @@ class RecDataModule(pl.LightningDataModule):
         stream = ParquetStream(
             index, self.spec, batch_size=1, train=False, shuffle=False, verify_checksums=self.verify_checksums
         )
-        counts = np.zeros(1 + len(self.oov_fields), dtype=np.int64)  # [ranks that failed, OOV...]
+        n_oov, bags = len(self.oov_fields), [f.name for f in self.spec.bags]
+        # [ranks that failed, OOV counts..., values past max_values per bag field...]
+        counts = np.zeros(1 + n_oov + len(bags), dtype=np.int64)
         rank, world = self._rank_world()
         error = None
         try:
             for g in index.groups[rank::world]:
-                counts[1:] += stream._group(g).oov_totals()
+                decoded = stream._group(g)
+                counts[1 : 1 + n_oov] += decoded.oov_totals()
+                counts[1 + n_oov :] += decoded.truncated
         except DataError as e:
             error, counts[0] = e, 1
         counts = self._sum_over_ranks(counts)
+        past = {name: n for name, n in zip(bags, counts[1 + n_oov :].tolist()) if n}
+        if past and error is None and self._is_first_rank():
+            log.warning(
+                "%s split: values past max_values not used (each row keeps its first ones): %s",
+                index.name,
+                past,
+            )
         if error is not None:
             raise error
         if counts[0]:
@@ -358,7 +369,10 @@ class RecDataModule(pl.LightningDataModule):
                 f"{index.name} split: bad data found by {counts[0]} other rank(s) while checking values; "
                 "their errors name the file, column and row group"
             )
-        return dict(zip(self.oov_fields, counts[1:].tolist()))
+        return dict(zip(self.oov_fields, counts[1 : 1 + n_oov].tolist()))
+
+    def _is_first_rank(self) -> bool:
+        return self._rank_world()[0] == 0
 
     def _sum_over_ranks(self, x: np.ndarray) -> np.ndarray:
         """``x`` summed over the DDP ranks (the trainer's strategy; as is without a trainer)."""

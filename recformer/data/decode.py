@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from recformer.data.schema import (
     list_offsets,
     numeric,
 )
+
+log = logging.getLogger(__name__)
 
 # Time gaps: bucket b >= 1 holds gaps with floor(log2(1 + gap / 60 s)) == b - 1 (clipped), i.e.
 # roughly "within 2**(b-1) minutes"; bucket 0 is padding.
@@ -119,6 +122,8 @@ class BatchLayout:
     gap_buckets: int
     """0 when the spec has no time-gap column."""
     has_history: bool
+    bag_values: tuple[int, ...] = ()
+    """Values kept per bag field (``max_values``)."""
 
     @property
     def n_oov(self) -> int:
@@ -126,12 +131,13 @@ class BatchLayout:
 
     @property
     def n_row_oov(self) -> int:
-        """OOV flags per row: the target item and each context categorical."""
-        return 1 + self.n_cat
+        """Unknown-id counts per row: the target item, each context categorical, each bag field."""
+        return 1 + self.n_cat + len(self.bag_values)
 
     def sizes(self, n: int) -> dict[str, int]:
         """Each axis letter of ``FIELDS``' shapes, for an ``n``-row batch."""
         rows = {"B": n, "F": self.n_cat, "Dn": self.n_dense, "E": self.emb_dim, "K": self.n_keys}
+        rows["G"] = sum(self.bag_values)
         return rows | {"L": self.max_len, "C": len(self.cat_limits), "O": self.n_oov}
 
     def host_dtype(self, f: BatchField) -> torch.dtype:
@@ -248,6 +254,8 @@ class Decoded:
     hist: History | None
     """None when the spec has no sequence."""
     layout: BatchLayout
+    truncated: np.ndarray | None = None
+    """Per bag field, the values past its ``max_values`` that were left out (int64)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -368,7 +376,7 @@ class Decoder:
         events = spec.sequence.categorical if spec.sequence else []
         self._vocab = {
             f.name: pa.array(f.vocab, pa.string())
-            for f in [*spec.categorical, *events, *spec.item.features]
+            for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]
             if f.vocab is not None
         }
         seq = spec.sequence
@@ -386,11 +394,13 @@ class Decoder:
             cat_dtype=_narrowest(top_row),
             item_dtype=_narrowest(spec.item.vocab_size, (np.int16, np.int32)),
             gap_buckets=seq.time_gap_buckets if seq and seq.time_gap_column else 0,
+            bag_values=tuple(f.max_values for f in spec.bags),
         )
 
     def oov_fields(self) -> list[str]:
         """Names of the id fields whose unknown ids are counted, in ``Decoded.oov`` column order."""
         names = [self.spec.item.column] + [f.name for f in self.spec.categorical]
+        names += [f.name for f in self.spec.bags]
         if self.spec.sequence:
             names += [self.spec.sequence.item_column] + [f.name for f in self.spec.sequence.categorical]
         return names
@@ -409,6 +419,29 @@ class Decoder:
         if valid is not None:
             rows[~valid] = 0
         return rows, rows == 0
+
+    def value_rows(
+        self, arr: pa.Array, f: CategoricalField, where: Where
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """A list column of ids (a bag, a multi-valued item feature) as its first ``f.max_values``
+        table rows per row, -1 where a row has fewer: int32 [n, max_values]; each row's unknown
+        ids (mapped to the OOV row, counted); and how many values past ``max_values`` were left
+        out. A null list is a row without values."""
+        if pa.types.is_large_list(arr.type):
+            arr = arr.cast(pa.list_(arr.type.value_type))
+        if arr.null_count:
+            arr = pc.if_else(arr.is_null(), pa.scalar([], arr.type), arr)
+        off = list_offsets(arr, where, f.name)
+        rows, unknown = self._cat_rows(arr.values.slice(int(off[0]), int(off[-1] - off[0])), f, where)
+        M, lens = f.max_values, np.diff(off)
+        kept = np.minimum(lens, M)
+        at_M = np.arange(M)
+        idx = (off[:-1] - off[0])[:, None] + at_M[None, :]
+        mask = at_M[None, :] < kept[:, None]
+        safe = np.minimum(idx, max(len(rows) - 1, 0))
+        out = np.where(mask, rows[safe] if len(rows) else 0, -1).astype(np.int32)
+        n_unknown = np.where(mask, unknown[safe] if len(rows) else False, False).sum(axis=1).astype(np.int32)
+        return out, n_unknown, int((lens - kept).sum())
 
     def _item_rows(self, arr: pa.Array, col: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
         """Item table rows (int32) and an OOV flag per value."""
@@ -434,12 +467,15 @@ class Decoder:
         else:
             col = table.column
         n = table.num_rows
-        values = self._row_values(col, n, where)  # every row value checked before the history
+        values, truncated = self._row_values(col, n, where)  # every row value checked before the history
         hist = self._sequence(col, n, where)
-        return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout)
+        return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout, truncated=truncated)
 
-    def _row_values(self, col: Callable[[str], pa.Array], n: int, where: Where) -> dict[str, np.ndarray]:
-        """The record's fields (``ROW_FIELDS`` and ``row_oov``), each checked, by name."""
+    def _row_values(
+        self, col: Callable[[str], pa.Array], n: int, where: Where
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The record's fields (``ROW_FIELDS`` and ``row_oov``), each checked, by name; and per bag
+        field the values past its ``max_values`` that were left out."""
         spec = self.spec
         label = numeric(col(spec.label), where, spec.label)
         check_label(label, where, spec.label)
@@ -451,6 +487,11 @@ class Decoder:
         for j, f in enumerate(spec.categorical):
             cat[:, j], oov = self._cat_rows(col(f.name), f, where)
             oov_cols.append(oov)
+        bags = [self.value_rows(col(f.name), f, where) for f in spec.bags]
+        oov_cols += [unknown for _, unknown, _ in bags]
+        values["bag"] = (
+            np.concatenate([b for b, _, _ in bags], axis=1) if bags else np.zeros((n, 0), np.int32)
+        )
         values.update(target_item=target, cat=cat, dense=self._dense(col, n, where))
         embs = [self._fixed_vectors(col(f.name), f.dim, f.name, where) for f in spec.embedding]
         values["emb"] = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
@@ -458,7 +499,7 @@ class Decoder:
         for j, k in enumerate(spec.keys):
             values["keys"][:, j] = key_values(col(k), where, k)
         values["row_oov"] = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
-        return values
+        return values, np.array([cut for _, _, cut in bags], np.int64)
 
     def _weight(self, col: Callable[[str], pa.Array], n: int, where: Where) -> np.ndarray:
         w = self.spec.weight
@@ -605,12 +646,15 @@ class Decoder:
 
 def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The side table as dense per-row tensors: content [item_rows, content_dim] (float16) and
-    features [item_rows, n_item_feats] (int64 rows), row 0 = OOV. Also returns how many known items
+    features [item_rows, sum of their max_values] (int64 rows: row 0 = OOV, -1 = no value of a
+    multi-valued feature), row 0 = OOV. Also returns how many known items
     have no side-table row (their content stays zero, features OOV)."""
     it = spec.item
     rows = it.vocab_size + 1
     content = torch.zeros(rows, it.content_dim, dtype=torch.float16)
-    feats = torch.zeros(rows, len(it.features), dtype=torch.int64)
+    width = [f.max_values for f in it.features]
+    feats = torch.full((rows, sum(width)), -1, dtype=torch.int64)
+    feats[:, np.cumsum([0, *width[:-1]]).tolist() if width else []] = 0  # no row: one OOV value each
     path = spec.side_table_path()
     if path is None:
         return content, feats, 0
@@ -641,7 +685,17 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
         content[torch.from_numpy(ids + 1)] = torch.from_numpy(
             cast_finite(vecs, np.float16, where, it.content_column)
         )
-    for j, f in enumerate(it.features):
-        r, _ = dec._cat_rows(table.column(f.name).chunk(0), f, where)
-        feats[torch.from_numpy(ids + 1), j] = torch.from_numpy(r.astype(np.int64))
+    at = 0
+    for f in it.features:
+        column = table.column(f.name).chunk(0)
+        if f.max_values == 1:
+            r = dec._cat_rows(column, f, where)[0][:, None]
+        else:
+            r, _, cut = dec.value_rows(column, f, where)
+            if cut:
+                log.warning(
+                    "%s: %d value(s) past max_values=%d of %r not used", where, cut, f.max_values, f.name
+                )
+        feats[torch.from_numpy(ids + 1), at : at + f.max_values] = torch.from_numpy(r.astype(np.int64))
+        at += f.max_values
     return content, feats, it.vocab_size - len(ids)

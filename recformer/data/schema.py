@@ -111,6 +111,9 @@ def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType],
         exp[f.name] = (_is_num, "float")
     for f in spec.embedding:
         exp[f.name] = (_FLOAT_VEC, f"list of float (length {f.dim})")
+    for f in spec.bags:
+        pred, desc = _cat_check(f)
+        exp[f.name] = (_is_list_of(pred), f"list of {desc} (a bag)")
     # Keys travel as int64 (Batch.keys) into the predictions: a key column must be an integer
     # column whatever other role it has (a string group column hashes; a float one would truncate).
     for k in spec.keys:
@@ -152,7 +155,12 @@ def check_side_table_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) 
     if it.content_column:
         exp[it.content_column] = (_FLOAT_VEC, f"list of float (length {it.content_dim})")
     for f in it.features:
-        exp[f.name] = _cat_check(f)
+        pred, desc = _cat_check(f)
+        exp[f.name] = (
+            (_is_list_of(pred), f"list of {desc} (max_values={f.max_values})")
+            if f.max_values > 1
+            else (pred, desc)
+        )
     missing = [c for c in exp if c not in schema.names]
     if missing:
         raise DataError(

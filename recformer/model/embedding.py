@@ -4,7 +4,10 @@ Shape suffixes: the legend in ``recformer/__init__.py``.
 
 Token layout, fixed per model so every position has a meaning::
 
-    [CLS] [dense_1 .. dense_Td] [emb_1 .. emb_E] [cat_1 .. cat_F] [event_1 .. event_L] [target]
+    [CLS] [dense_1 .. dense_Td] [emb_1 .. emb_E] [cat_1 .. cat_F] [bag tokens] [event_1 .. event_L] [target]
+
+- a bag field (a list column of ids) is one token, the mean or sum of its values' embeddings, or
+  (``pooling: tokens``) one token per value, absent values masked out of attention;
 
 - history event = item + item side features + projected content + event categoricals (action,
   rating, ...) + time-gap bucket; target = item + item side features + projected content. History and
@@ -33,8 +36,8 @@ from recformer.model import flops
 class FeatureTokenizer(nn.Module):
     """Embedding tables and input projections; ``forward(batch) -> (x_BTD, valid_BT | None)``.
 
-    ``valid_BT`` is True for every token except padded history slots; it is None when the model has
-    no history (every token is always valid, so attention needs no mask at all).
+    ``valid_BT`` is True for every token except padded history slots and absent bag values; it is
+    None when there are neither (every token is always valid, so attention needs no mask at all).
 
     Item side tables (``item_content`` [item_rows, K] float16, ``item_feats`` [item_rows, I] int64)
     are persistent buffers so a checkpoint is self-contained; fill them with ``set_item_tables``.
@@ -49,9 +52,10 @@ class FeatureTokenizer(nn.Module):
         self.dense_tokens = cfg.dense_tokens if dims.n_dense > 0 else 0
         self.emb_dims = list(dims.emb_dims)
         self.max_len = dims.max_len
-        self.n_item_feats = len(dims.item_feat_rows)
+        self.n_item_feats = sum(dims.item_feat_values)  # values: a multi-valued feature has several
         self.n_hist_cat = len(dims.hist_cat_rows) if dims.max_len else 0
-        self.n_context = 1 + self.n_cat + self.dense_tokens + len(self.emb_dims)
+        self.bag_tokens = [M if pool == "tokens" else 1 for M, pool in zip(dims.bag_values, dims.bag_pooling)]
+        self.n_context = 1 + self.n_cat + self.dense_tokens + len(self.emb_dims) + sum(self.bag_tokens)
         self.n_tokens = self.n_context + self.max_len + 1
         _check_dims(dims)
         self._build_table(dims)
@@ -82,6 +86,7 @@ class FeatureTokenizer(nn.Module):
             "item_feat": list(dims.item_feat_rows),
             "hist_cat": list(dims.hist_cat_rows) if self.max_len else [],
             "gap": [dims.time_gap_buckets] if self.max_len and dims.time_gap_buckets else [],
+            "bag": list(dims.bag_rows),
         }
         starts, row = {}, 0
         self.table_groups: dict[str, tuple[int, int]] = {}
@@ -93,16 +98,22 @@ class FeatureTokenizer(nn.Module):
                 row += r
             if sum(group_rows):
                 self.table_groups[group] = (starts[group][0], row)
-        self.table_rows = row
-        self.table = nn.Embedding(row, self.d_model)
+        # A zero row for absent values (multi-valued item features, bags), which embedding_bag's
+        # padding_idx leaves out of sums, means and gradients; only models that have them get it.
+        needs_pad = bool(dims.bag_rows) or any(v > 1 for v in dims.item_feat_values)
+        self.pad_row = row if needs_pad else None
+        self.table_rows = row + needs_pad
+        self.table = nn.Embedding(self.table_rows, self.d_model)
         self.item_offset = starts["item"][0]
         self.gap_offset = starts["gap"][0] if starts["gap"] else -1
-        for name, group in (
-            ("cat_offsets", "cat"),
-            ("feat_offsets", "item_feat"),
-            ("hist_cat_offsets", "hist_cat"),
+        per_value = lambda offsets, values: [o for o, v in zip(offsets, values) for _ in range(v)]
+        for name, offsets in (
+            ("cat_offsets", starts["cat"]),
+            ("feat_offsets", per_value(starts["item_feat"], dims.item_feat_values)),
+            ("hist_cat_offsets", starts["hist_cat"]),
+            ("bag_offsets", per_value(starts["bag"], dims.bag_values)),
         ):
-            self.register_buffer(name, torch.tensor(starts[group], dtype=torch.long), persistent=False)
+            self.register_buffer(name, torch.tensor(offsets, dtype=torch.long), persistent=False)
         # Bag layout of one sample: F single-id bags, L event bags (J ids, C event ids, a gap), one
         # target bag of J ids.
         self.item_ids = 1 + self.n_item_feats  # J
@@ -175,13 +186,18 @@ class FeatureTokenizer(nn.Module):
                     f"set_item_tables: features is {features.dtype} {tuple(features.shape)}; expected an "
                     f"integer tensor [item_rows={d.item_rows}, n_item_feats={self.n_item_feats}]"
                 )
-            rows = torch.tensor(d.item_feat_rows, device=features.device)
-            bad = (features < 0) | (features >= rows)
+            # Per value column: its feature's rows; a multi-valued feature's values may be absent (-1).
+            field = [j for j, v in enumerate(d.item_feat_values) for _ in range(v)]
+            rows = torch.tensor([d.item_feat_rows[j] for j in field], device=features.device)
+            low = torch.tensor(
+                [0 if d.item_feat_values[j] == 1 else -1 for j in field], device=features.device
+            )
+            bad = (features < low) | (features >= rows)
             if bad.any():
-                col = int(bad.any(dim=0).nonzero()[0])
+                j = field[int(bad.any(dim=0).nonzero()[0])]
                 raise ValueError(
-                    f"set_item_tables: item feature {col} has rows outside [0, {d.item_feat_rows[col]}) "
-                    f"(FeatureDims.item_feat_rows[{col}])"
+                    f"set_item_tables: item feature {j} has rows outside [0, {d.item_feat_rows[j]}) "
+                    f"(FeatureDims.item_feat_rows[{j}])"
                 )
             self.item_feats.copy_(features.to(self.item_feats.device, torch.long))
         elif features is not None and features.numel():
@@ -204,6 +220,7 @@ class FeatureTokenizer(nn.Module):
             "dense": (batch.dense.shape[1], d.n_dense, "n_dense"),
             "emb": (batch.emb.shape[1], sum(self.emb_dims), "sum(emb_dims)"),
             "hist_item": (batch.hist_item.shape[1], self.max_len, "max_len"),
+            "bag": (batch.bag.shape[1], sum(d.bag_values), "sum(bag_values)"),
         }
         if self.max_len:
             expected["hist_cat"] = (batch.hist_cat.shape[2], self.n_hist_cat, "len(hist_cat_rows)")
@@ -227,7 +244,7 @@ class FeatureTokenizer(nn.Module):
         ids_BSJ = items_BS.unsqueeze(-1) + self.item_offset
         if self.n_item_feats:
             feats_BSI = self.item_feats.index_select(0, items_BS.flatten()).view(B, S, self.n_item_feats)
-            ids_BSJ = torch.cat([ids_BSJ, feats_BSI + self.feat_offsets], dim=-1)
+            ids_BSJ = torch.cat([ids_BSJ, self._rows(feats_BSI, self.feat_offsets)], dim=-1)
         pieces = [batch.cat + self.cat_offsets] if F_ else []
         if L:
             event = [ids_BSJ[:, :L]]
@@ -241,7 +258,9 @@ class FeatureTokenizer(nn.Module):
         starts_Z = (
             self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_Z.device)[:, None]
         ).view(-1)
-        bag_BUD = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum").view(B, F_ + S, D)
+        bag_BUD = F.embedding_bag(
+            ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row
+        ).view(B, F_ + S, D)
 
         parts_BxD = [self.cls.expand(B, 1, D)]
         if self.dense_tokens:
@@ -249,20 +268,54 @@ class FeatureTokenizer(nn.Module):
         if self.emb_dims:
             for proj, e_BE in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
                 parts_BxD.append(proj(e_BE).unsqueeze(1))
+        parts_BxD.append(bag_BUD[:, :F_])
+        bags_BxD, bags_valid_BT = self._bag_tokens(batch.bag)
+        parts_BxD += bags_BxD
+        items_BSD = bag_BUD[:, F_:]
         if self.dims.content_dim:
             w = self.content_proj.weight
             content_BSP = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
-            parts_BxD += [bag_BUD[:, :F_], bag_BUD[:, F_:] + self.content_proj(content_BSP)]
-        else:
-            parts_BxD.append(bag_BUD)
+            items_BSD = items_BSD + self.content_proj(content_BSP)
+        parts_BxD.append(items_BSD)
 
         x_BTD = torch.cat(parts_BxD, dim=1) + self.slot_emb
-        if not L:
+        if not L and bags_valid_BT is None:
             return x_BTD, None
         # CLS, context and target tokens are always valid: no sample ever has zero valid keys.
-        ones_BC = batch.hist_mask.new_ones(B, self.n_context)
-        valid_BT = torch.cat([ones_BC, batch.hist_mask, batch.hist_mask.new_ones(B, 1)], dim=1)
+        ones = lambda n: batch.hist_mask.new_ones(B, n)
+        n_before_bags = self.n_context - sum(self.bag_tokens)
+        bags_valid_BT = ones(sum(self.bag_tokens)) if bags_valid_BT is None else bags_valid_BT
+        valid_BT = torch.cat([ones(n_before_bags), bags_valid_BT, batch.hist_mask, ones(1)], dim=1)
         return x_BTD, valid_BT
+
+    def _rows(self, rows_BxV: torch.Tensor, offsets_V: torch.Tensor) -> torch.Tensor:
+        """Per-field rows (-1 = no value) as rows of ``table`` (absent values: the padding row)."""
+        if self.pad_row is None:  # every value present by construction
+            return rows_BxV + offsets_V
+        return torch.where(rows_BxV >= 0, rows_BxV + offsets_V, self.pad_row)
+
+    def _bag_tokens(self, bag_BG: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The bag fields' tokens ([B, 1 or M, D] each, in field order) and their validity: None when
+        no field makes a token per value (a pooled token is always valid, empty or not)."""
+        if not self.bag_tokens:
+            return [], None
+        ids_BG = self._rows(bag_BG, self.bag_offsets)
+        emb_BGD = F.embedding(ids_BG, self.table.weight, padding_idx=self.pad_row)
+        present_BG = bag_BG >= 0
+        parts, valid, at = [], [], 0
+        for M, pool in zip(self.dims.bag_values, self.dims.bag_pooling):
+            e_BMD, p_BM = emb_BGD[:, at : at + M], present_BG[:, at : at + M]
+            at += M
+            if pool == "tokens":
+                parts.append(e_BMD * p_BM.unsqueeze(-1))  # absent values: zero, and masked
+                valid.append(p_BM)
+                continue
+            s_B1D = (e_BMD * p_BM.unsqueeze(-1)).sum(1, keepdim=True)
+            if pool == "mean":
+                s_B1D = s_B1D / p_BM.sum(1, keepdim=True).clamp_min(1).unsqueeze(-1)
+            parts.append(s_B1D)
+            valid.append(p_BM.new_ones(p_BM.shape[0], 1))
+        return parts, torch.cat(valid, dim=1) if "tokens" in self.dims.bag_pooling else None
 
 
 def _check_dims(dims: FeatureDims) -> None:
