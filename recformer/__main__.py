@@ -22,6 +22,7 @@ DATA_COMMANDS = {
     "synth": "recformer.datasets.synth",
     "embed-items": "recformer.datasets.embed_items",
     "summary": "recformer.datasets.summary",
+    "vocab": "recformer.datasets.vocab",
 }
 
 
@@ -41,7 +42,7 @@ def data_main(argv: list[str]) -> int:
 USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor} ...
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
-  data                          prepare Parquet logs: movielens, synth, embed-items, summary
+  data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab
   evaluate                      offline exact metrics of a checkpoint on a split
   doctor                        read a run's internal metrics and name its failure
 """

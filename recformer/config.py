@@ -24,8 +24,8 @@ import yaml
 # Feature spec: the Parquet log contract
 # ----------------------------------------------------------------------------------------------
 
-_VOCAB = "vocab "
-"""How ``FeatureSpec.encoding`` starts a string vocabulary's digest."""
+VOCAB_DIGEST = "vocab "
+"""How ``FeatureDims.encoding`` starts a vocabulary's digest (a list's or a file's)."""
 
 OOV_ROW = 0
 """Row 0 of every id table is the reserved out-of-vocabulary (and padding) row; id ``i`` maps to
@@ -43,6 +43,10 @@ class CategoricalField:
     (negative ids are an error). Ignored when ``vocab`` is given."""
     vocab: list[str] | None = None
     """Known values of a string column, in id order; anything else goes to the OOV row."""
+    vocab_file: str | None = None
+    """Parquet file (relative to the spec) whose ``value`` column holds the known raw values, string
+    or integer (any range), in id order; written by ``recformer data vocab`` from the train split,
+    which also sets ``vocab_size``. Anything else goes to the OOV row."""
     max_values: int = 1
     """Values per row: 1, a single id; more, a list column of up to this many ids (an item side
     feature such as its genres, or a ``bags`` field); the rest of a longer list is not used, and
@@ -51,6 +55,13 @@ class CategoricalField:
     def __post_init__(self) -> None:
         if self.max_values < 1:
             raise ValueError(f"categorical field {self.name!r}: max_values={self.max_values} must be >= 1")
+        if self.vocab is not None and self.vocab_file is not None:
+            raise ValueError(f"categorical field {self.name!r}: give vocab or vocab_file, not both")
+        if self.vocab_file is not None and self.vocab_size <= 0:
+            raise ValueError(
+                f"categorical field {self.name!r}: vocab_file={self.vocab_file!r} with vocab_size="
+                f"{self.vocab_size}; run `recformer data vocab DIR`, which fits the file and sets the size"
+            )
         if self.vocab is not None:
             if len(set(self.vocab)) != len(self.vocab):
                 raise ValueError(f"categorical field {self.name!r}: vocab has duplicate values")
@@ -124,9 +135,18 @@ class ItemSpec:
     """The item vocabulary shared by the target item and the history events."""
 
     column: str
-    """Column of the target item id (int, ``[0, vocab_size)``)."""
+    """Column of the target item id (int, ``[0, vocab_size)``; or raw values with ``vocab_file``)."""
     vocab_size: int
-    """Number of known item ids; others go to the OOV row."""
+    """Number of item ids with an embedding row of their own (the items trained on); others go to
+    the OOV row."""
+    cold_items: int = 0
+    """Item ids ``vocab_size .. vocab_size + cold_items - 1``: items the side table knows but the
+    training split does not (new items). Their id embedding is the OOV row; their side features and
+    content are their own, which is where content earns its keep."""
+    vocab_file: str | None = None
+    """Parquet file (relative to the spec) whose ``value`` column maps raw item ids (string or any
+    integer) to ids, in id order: the trained items, then the cold ones; for the target, the
+    history and the side table alike (``recformer data vocab`` writes it)."""
     side_table: str | None = None
     """Parquet file (relative to the spec file) mapping item id to content embedding and item
     features; stored once per item, looked up for history and target alike."""
@@ -143,6 +163,12 @@ class ItemSpec:
         self.features = [_coerce(CategoricalField, f) for f in self.features]
         if self.vocab_size <= 0:
             raise ValueError(f"item.vocab_size={self.vocab_size} must be > 0")
+        if self.cold_items < 0:
+            raise ValueError(f"item.cold_items={self.cold_items} must be >= 0")
+        if self.cold_items and self.side_table is None:
+            raise ValueError(
+                "item.cold_items needs item.side_table (cold items are known by their side rows)"
+            )
         if (self.content_column is None) != (self.content_dim == 0):
             raise ValueError("item.content_column and item.content_dim must be given together")
         if (self.content_column or self.features) and self.side_table is None:
@@ -259,6 +285,7 @@ class FeatureSpec:
             n_dense=len(self.dense),
             emb_dims=[f.dim for f in self.embedding],
             item_rows=self.item.vocab_size + 1,
+            item_side_rows=self.item.vocab_size + self.item.cold_items + 1,
             content_dim=self.item.content_dim,
             item_feat_rows=[f.rows for f in self.item.features],
             max_len=s.max_len if s else 0,
@@ -295,7 +322,7 @@ class FeatureSpec:
         for f in [*self.categorical, *self.item.features, *events, *self.bags]:
             if f.vocab is not None:
                 text = "\n".join(str(v) for v in f.vocab)
-                out[f.name] = _VOCAB + hashlib.sha1(text.encode()).hexdigest()[:12]
+                out[f.name] = VOCAB_DIGEST + hashlib.sha1(text.encode()).hexdigest()[:12]
         return out
 
     # -- YAML ----------------------------------------------------------------------------------
@@ -348,7 +375,10 @@ class FeatureDims:
     emb_dims: list[int] = field(default_factory=list)
     """Length of each per-row embedding column."""
     item_rows: int = 1
-    """Rows of the item table (OOV row included)."""
+    """Rows of the item embedding table (OOV row included)."""
+    item_side_rows: int = 0
+    """Rows of the item side buffers (content, features): the embedded items, the cold ones and the
+    OOV row; 0 in checkpoints from before cold items, meaning ``item_rows``."""
     content_dim: int = 0
     """Length of the item content embedding (0 = none)."""
     item_feat_rows: list[int] = field(default_factory=list)
@@ -378,6 +408,7 @@ class FeatureDims:
     def __post_init__(self) -> None:
         if not self.item_feat_values:  # checkpoints from before it was kept: one id per feature
             self.item_feat_values = [1] * len(self.item_feat_rows)
+        self.item_side_rows = self.item_side_rows or self.item_rows
 
     def mismatch(self, ckpt: FeatureDims, mine: str = "data", theirs: str = "checkpoint") -> str | None:
         """What makes data of these dims unfit for a model built with ``ckpt``'s, or None."""
@@ -415,7 +446,7 @@ class FeatureDims:
         return [
             f"{k}: {mine} {self.encoding[k]} vs {theirs} {ckpt.encoding[k]}"
             for k in both
-            if self.encoding[k] != ckpt.encoding[k] and ckpt.encoding[k].startswith(_VOCAB) == vocab
+            if self.encoding[k] != ckpt.encoding[k] and ckpt.encoding[k].startswith(VOCAB_DIGEST) == vocab
         ]
 
 

@@ -416,6 +416,7 @@ def test_prediction_writer_writes_uint64_keys_back_as_uint64(tmp_path):
     dm = SimpleNamespace(
         spec=SimpleNamespace(keys=["hashed", "row_id"]),
         unsigned_keys={"test": frozenset({"hashed"})},
+        string_keys=lambda split: {},
         predict_split="test",
     )
     trainer = SimpleNamespace(

@@ -75,10 +75,14 @@ class ParquetPredictionWriter(BasePredictionWriter):
     ):
         keys = prediction["keys"].cpu().numpy()
         dm = trainer.datamodule
-        names = dm.spec.keys
         unsigned = dm.unsigned_keys.get(dm.predict_split, frozenset())
-        # uint64 keys crossed as their bits in int64: the same values back, not wrapped ones.
-        cols = {n: keys[:, j].view(np.uint64) if n in unsigned else keys[:, j] for j, n in enumerate(names)}
+        strings = dm.string_keys(dm.predict_split)
+        cols = {}
+        for j, n in enumerate(dm.spec.keys):
+            if n in strings:  # a string key crossed as its row's position in the split
+                cols[n] = strings[n].take(keys[:, j])
+            else:  # uint64 keys crossed as their bits in int64: the same values back, not wrapped ones
+                cols[n] = keys[:, j].view(np.uint64) if n in unsigned else keys[:, j]
         cols.update({k: prediction[k].float().cpu().numpy() for k in ("score", "logit", "label")})
         table = pa.table(cols)
         if self._writer is None:

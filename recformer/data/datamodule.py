@@ -26,17 +26,20 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader
 
 from recformer.batch import DataError
-from recformer.config import FeatureDims, FeatureSpec
+from recformer.config import VOCAB_DIGEST, FeatureDims, FeatureSpec
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.packed import PackedBatch
 from recformer.data.ring import WorkerPool
-from recformer.data.schema import Where, check_schema, unsigned_keys
+from recformer.data.schema import Where, check_schema, key_kinds
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
+from recformer.data.vocab import digest, field_vocab, item_vocab
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +258,7 @@ class RecDataModule(pl.LightningDataModule):
         self._validated: set[str] = set()
         self._train_loader: RecDataLoader | None = None
         self._resume: dict[str, int] | None = None
+        self._string_keys: dict[str, dict[str, pa.ChunkedArray]] = {}
 
     # -- checkpointed state: the position of the training stream --------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -268,7 +272,17 @@ class RecDataModule(pl.LightningDataModule):
     # -- what the model links to ---------------------------------------------------------------
     @property
     def feature_dims(self) -> FeatureDims:
-        return self.spec.dims()
+        dims = self.spec.dims()
+        # A vocabulary file's order decides which row each raw value reads, as a vocab list's does:
+        # its digest joins the encoding a checkpoint is compared on (FeatureDims.mismatch).
+        spec = self.spec
+        events = spec.sequence.categorical if spec.sequence else []
+        for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]:
+            if f.vocab_file is not None:
+                dims.encoding[f.name] = VOCAB_DIGEST + digest(field_vocab(spec, f))
+        if spec.item.vocab_file is not None:
+            dims.encoding[spec.item.column] = VOCAB_DIGEST + digest(item_vocab(spec))
+        return dims
 
     def item_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Item content [item_rows, content_dim] and item feature rows [item_rows, n_feats]."""
@@ -318,20 +332,21 @@ class RecDataModule(pl.LightningDataModule):
 
     def index_split(self, split: str) -> SplitIndex:
         files = list_split_files(self.data_dir, split)
-        first: tuple[Path, frozenset[str]] | None = None
+        first: tuple[Path, dict[str, str]] | None = None
         for f in files:
             schema = read_footer(str(f)).schema.to_arrow_schema()
             check_schema(self.spec, schema, Where(str(f)))
-            unsigned = unsigned_keys(self.spec, schema)
-            first = first or (f, unsigned)
-            if unsigned != first[1]:  # a key's bits are written back one way per split
-                col = sorted(unsigned ^ first[1])[0]
-                uint, other = (f, first[0]) if col in unsigned else (first[0], f)
+            kinds = key_kinds(self.spec, schema)
+            first = first or (f, kinds)
+            wrong = [k for k in kinds if kinds[k] != first[1][k]]
+            if wrong:  # a key is written back one way per split
+                k = wrong[0]
                 raise DataError(
-                    f"key column {col!r} is uint64 in {uint} but signed in {other}; a key column "
-                    f"needs one signedness across the {split} files"
+                    f"key column {k!r} is {kinds[k]} in {f} but {first[1][k]} in {first[0]}; a key "
+                    f"column needs one kind (signed integer, uint64 or string) across the {split} files"
                 )
-        self.unsigned_keys[split] = first[1] if first else frozenset()
+        kinds = first[1] if first else {}
+        self.unsigned_keys[split] = frozenset(k for k, kind in kinds.items() if kind == "uint64")
         return SplitIndex.from_paths(split, files)
 
     def check_values(self, index: SplitIndex) -> dict[str, int]:
@@ -370,6 +385,21 @@ class RecDataModule(pl.LightningDataModule):
                 "their errors name the file, column and row group"
             )
         return dict(zip(self.oov_fields, counts[1 : 1 + n_oov].tolist()))
+
+    def string_keys(self, split: str) -> dict[str, pa.ChunkedArray]:
+        """The split's string key columns in its row order (a string key travels in ``Batch.keys``
+        as its row's position), read once, when predict first asks: their bytes stay in memory
+        while predict runs. {} without string keys."""
+        if split not in self._string_keys:
+            index = self.splits[split]
+            schema = read_footer(index.files[0]).schema.to_arrow_schema()
+            names = [k for k in self.spec.keys if pa.types.is_string(schema.field(k).type)]
+            if not names:
+                return self._string_keys.setdefault(split, {})
+            tables = [pq.read_table(f, columns=names, page_checksum_verification=True) for f in index.files]
+            keys = pa.concat_tables(tables, promote_options="default")
+            self._string_keys[split] = {n: keys.column(n) for n in names}
+        return self._string_keys[split]
 
     def _is_first_rank(self) -> bool:
         return self._rank_world()[0] == 0

@@ -237,7 +237,7 @@ class ParquetStream(IterableDataset):
             ) from None
         if table.num_rows != g.rows:
             raise DataError(f"{where}: read {table.num_rows} rows, the footer promised {g.rows}")
-        decoded = self.decoder.decode(table, where)
+        decoded = self.decoder.decode(table, where, self.index.first_rows[g])
         self._cached = (g, decoded)
         return decoded
 

@@ -40,6 +40,7 @@ from recformer.data.schema import (
     list_offsets,
     numeric,
 )
+from recformer.data.vocab import field_vocab, item_vocab, lookup
 
 log = logging.getLogger(__name__)
 
@@ -374,12 +375,16 @@ class Decoder:
         self.spec = spec
         self.max_len = spec.sequence.max_len if spec.sequence else 0
         events = spec.sequence.categorical if spec.sequence else []
-        self._vocab = {
-            f.name: pa.array(f.vocab, pa.string())
-            for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]
-            if f.vocab is not None
-        }
+        # Raw values to ids, by column: the string and file vocabularies (``data/vocab.py``).
+        fields = [*spec.categorical, *events, *spec.item.features, *spec.bags]
+        self._vocab = {f.name: v for f in fields if (v := field_vocab(spec, f)) is not None}
+        items = item_vocab(spec)
+        if items is not None:
+            self._vocab.update({c: items for c in (spec.item.column, spec.item.side_id_column)})
+            if spec.sequence is not None:
+                self._vocab[spec.sequence.item_column] = items
         seq = spec.sequence
+        item_limit = spec.item.vocab_size + spec.item.cold_items  # side rows: cold items have theirs
         cats = seq.categorical if seq else []
         top_row = max((f.rows for f in cats), default=0)
         self.layout = BatchLayout(
@@ -389,10 +394,10 @@ class Decoder:
             n_keys=len(spec.keys),
             has_history=seq is not None,
             max_len=self.max_len,
-            item_limit=spec.item.vocab_size,
+            item_limit=item_limit,
             cat_limits=tuple(f.vocab_size for f in cats),
             cat_dtype=_narrowest(top_row),
-            item_dtype=_narrowest(spec.item.vocab_size, (np.int16, np.int32)),
+            item_dtype=_narrowest(item_limit, (np.int16, np.int32)),
             gap_buckets=seq.time_gap_buckets if seq and seq.time_gap_column else 0,
             bag_values=tuple(f.max_values for f in spec.bags),
         )
@@ -411,7 +416,7 @@ class Decoder:
         if pa.types.is_dictionary(arr.type):
             arr = arr.dictionary_decode()
         valid = None
-        if f.vocab is None and arr.null_count:  # a vocabulary lookup maps nulls to OOV itself
+        if f.name not in self._vocab and arr.null_count:  # a vocabulary lookup maps nulls to OOV itself
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
             arr = pc.fill_null(arr, 0)
         ids = self._raw_ids(arr, f.name, where, f)
@@ -444,11 +449,11 @@ class Decoder:
         return out, n_unknown, int((lens - kept).sum())
 
     def _item_rows(self, arr: pa.Array, col: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
-        """Item table rows (int32) and an OOV flag per value."""
+        """Item rows (int32: side-table rows, which cold items have too) and an unknown flag per value."""
         if arr.null_count:
             raise DataError(f"{where}: item id column {col!r} has {arr.null_count} null(s)")
         ids = self._raw_ids(arr, col, where)
-        rows = self._rows(ids, self.spec.item.vocab_size, np.empty(len(ids), np.int32), where, col)
+        rows = self._rows(ids, self.layout.item_limit, np.empty(len(ids), np.int32), where, col)
         return rows, rows == 0
 
     @staticmethod
@@ -460,19 +465,21 @@ class Decoder:
         return out
 
     # -- whole table ---------------------------------------------------------------------------
-    def decode(self, table: pa.Table | pa.RecordBatch, where: Where) -> Decoded:
+    def decode(self, table: pa.Table | pa.RecordBatch, where: Where, first_row: int = 0) -> Decoded:
+        """The rows of ``table`` (a row group, or part of one), checked; ``first_row``: its first
+        row's position in the split (the code of a string key)."""
         if isinstance(table, pa.Table):
             table = table.combine_chunks()
             col = lambda name: table.column(name).chunk(0) if table.num_rows else pa.array([])
         else:
             col = table.column
         n = table.num_rows
-        values, truncated = self._row_values(col, n, where)  # every row value checked before the history
+        values, truncated = self._row_values(col, n, where, first_row)  # rows checked before the history
         hist = self._sequence(col, n, where)
         return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout, truncated=truncated)
 
     def _row_values(
-        self, col: Callable[[str], pa.Array], n: int, where: Where
+        self, col: Callable[[str], pa.Array], n: int, where: Where, first_row: int
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The record's fields (``ROW_FIELDS`` and ``row_oov``), each checked, by name; and per bag
         field the values past its ``max_values`` that were left out."""
@@ -497,7 +504,7 @@ class Decoder:
         values["emb"] = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
         values["keys"] = np.zeros((n, len(spec.keys)), np.int64)
         for j, k in enumerate(spec.keys):
-            values["keys"][:, j] = key_values(col(k), where, k)
+            values["keys"][:, j] = key_values(col(k), where, k, first_row)
         values["row_oov"] = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
         return values, np.array([cut for _, _, cut in bags], np.int64)
 
@@ -607,12 +614,13 @@ class Decoder:
     def _raw_ids(
         self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None
     ) -> np.ndarray:
-        """Ids of an array (not yet checked: ``kernels.map_ids`` does, as it maps them); strings of a
-        vocabulary field become their vocabulary index, unknown strings and nulls ``vocab_size``
-        (``map_ids``' OOV test is ``id >= limit``); other arrays must be null-free."""
-        if f is not None and f.vocab is not None:
-            idx = pc.index_in(arr, value_set=self._vocab[f.name])
-            return pc.fill_null(idx, f.vocab_size).to_numpy(zero_copy_only=False)
+        """Ids of an array (not yet checked: ``kernels.map_ids`` does, as it maps them); the values of
+        a column with a vocabulary (a list, or a file) become their index in it, unknown values and
+        nulls its length (``map_ids``' OOV test is ``id >= limit``); other arrays must be null-free."""
+        vocab = self._vocab.get(name)
+        if vocab is not None:
+            idx = lookup(arr, vocab, name, where)
+            return pc.fill_null(idx, len(vocab)).to_numpy(zero_copy_only=False)
         if pa.types.is_integer(arr.type):
             ids = arr.to_numpy(zero_copy_only=False)  # zero-copy view of the Arrow buffer
         else:
@@ -645,12 +653,12 @@ class Decoder:
 
 
 def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The side table as dense per-row tensors: content [item_rows, content_dim] (float16) and
-    features [item_rows, sum of their max_values] (int64 rows: row 0 = OOV, -1 = no value of a
-    multi-valued feature), row 0 = OOV. Also returns how many known items
-    have no side-table row (their content stays zero, features OOV)."""
+    """The side table as dense per-row tensors, a row per item id (trained and cold items) and row
+    0 = OOV: content [rows, content_dim] (float16) and features [rows, sum of their max_values]
+    (int64 rows: row 0 = OOV, -1 = no value of a multi-valued feature). Also returns how many known
+    items have no side-table row (their content stays zero, features OOV)."""
     it = spec.item
-    rows = it.vocab_size + 1
+    rows = it.vocab_size + it.cold_items + 1
     content = torch.zeros(rows, it.content_dim, dtype=torch.float16)
     width = [f.max_values for f in it.features]
     feats = torch.full((rows, sum(width)), -1, dtype=torch.int64)
@@ -666,17 +674,8 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
         raise DataError(f"item side table {path}: not a readable Parquet file ({e})") from None
     where = Where(str(path))
     check_side_table_schema(spec, table.schema, where)
-    table = table.combine_chunks()
-    ids = numeric(table.column(it.side_id_column).chunk(0), where, it.side_id_column, np.int64)
-    check_nonneg_ids(ids, where, it.side_id_column)
-    if (ids >= it.vocab_size).any():
-        raise DataError(
-            f"{where}: column {it.side_id_column!r} has ids >= item.vocab_size={it.vocab_size} "
-            f"(max {ids.max()}); the side table and the spec disagree"
-        )
-    if len(np.unique(ids)) != len(ids):
-        raise DataError(f"{where}: column {it.side_id_column!r} has duplicate item ids")
     dec = Decoder(spec)
+    ids, table = _side_ids(spec, table.combine_chunks(), where, dec)
     if it.content_column:
         vecs = dec._fixed_vectors(
             table.column(it.content_column).chunk(0), it.content_dim, it.content_column, where
@@ -698,4 +697,34 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
                 )
         feats[torch.from_numpy(ids + 1), at : at + f.max_values] = torch.from_numpy(r.astype(np.int64))
         at += f.max_values
-    return content, feats, it.vocab_size - len(ids)
+    return content, feats, it.vocab_size + it.cold_items - len(ids)
+
+
+def _side_ids(spec: FeatureSpec, table: pa.Table, where: Where, dec: Decoder) -> tuple[np.ndarray, pa.Table]:
+    """The item id of each side-table row, and the rows of known items (with an item vocabulary,
+    rows of items it does not know are left out, and said)."""
+    it = spec.item
+    column = table.column(it.side_id_column).chunk(0)
+    if it.side_id_column in dec._vocab:
+        idx = lookup(column, dec._vocab[it.side_id_column], it.side_id_column, where)
+        known = idx.is_valid()
+        if not pc.all(known).as_py():
+            log.info(
+                "%s: %d row(s) of items the item vocabulary does not know, not used",
+                where,
+                pc.sum(pc.invert(known)).as_py(),
+            )
+            table, idx = table.filter(known), idx.filter(known)
+        ids = idx.to_numpy(zero_copy_only=False).astype(np.int64)
+    else:
+        ids = numeric(column, where, it.side_id_column, np.int64)
+        check_nonneg_ids(ids, where, it.side_id_column)
+        limit = it.vocab_size + it.cold_items
+        if (ids >= limit).any():
+            raise DataError(
+                f"{where}: column {it.side_id_column!r} has ids >= item.vocab_size + item.cold_items = "
+                f"{limit} (max {ids.max()}); the side table and the spec disagree"
+            )
+    if len(np.unique(ids)) != len(ids):
+        raise DataError(f"{where}: column {it.side_id_column!r} has duplicate item ids")
+    return ids, table

@@ -91,15 +91,27 @@ def _is_list_of(pred: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], 
 _FLOAT_VEC = _is_list_of(lambda t: pat.is_floating(t))
 
 
+def _raw_id(t: pa.DataType) -> bool:
+    return _is_int(t) or _is_str(t)
+
+
 def _cat_check(f: CategoricalField) -> tuple[Callable[[pa.DataType], bool], str]:
+    if f.vocab_file is not None:  # raw values through the file: strings or any integers
+        return _raw_id, "string or integer (its vocabulary file's kind)"
     return (_is_str, "string") if f.vocab is not None else (_is_int, "integer")
+
+
+def _item_check(spec: FeatureSpec) -> tuple[Callable[[pa.DataType], bool], str]:
+    if spec.item.vocab_file is not None:
+        return _raw_id, "string or integer item id (the item vocabulary file's kind)"
+    return _is_int, "integer item id"
 
 
 def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType], bool], str]]:
     """Column -> (type predicate, human description of the expected type)."""
     exp: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
         spec.label: (_is_num, "int, bool or float in [0, 1]"),
-        spec.item.column: (_is_int, "integer item id"),
+        spec.item.column: _item_check(spec),
     }
     if spec.weight:
         exp[spec.weight] = (_is_num, "float >= 0")
@@ -114,17 +126,18 @@ def expected_types(spec: FeatureSpec) -> dict[str, tuple[Callable[[pa.DataType],
     for f in spec.bags:
         pred, desc = _cat_check(f)
         exp[f.name] = (_is_list_of(pred), f"list of {desc} (a bag)")
-    # Keys travel as int64 (Batch.keys) into the predictions: a key column must be an integer
-    # column whatever other role it has (a string group column hashes; a float one would truncate).
+    # Keys reach the predictions through Batch.keys (int64): integers as they are, strings as their
+    # row's position (key_values). A float key would be truncated: refused.
     for k in spec.keys:
         if k in exp:
             pred, desc = exp[k]
-            exp[k] = (lambda t, pred=pred: pred(t) and _is_int(t), f"{desc}, and integer as a key column")
+            exp[k] = (lambda t, pred=pred: pred(t) and _raw_id(t), f"{desc}, and integer or string as a key")
         else:
-            exp[k] = (_is_int, "integer (key columns are copied to predictions)")
+            exp[k] = (_raw_id, "integer or string (key columns are copied to predictions)")
     if spec.sequence is not None:
         s = spec.sequence
-        exp[s.item_column] = (_is_list_of(_is_int), "list of integer item ids")
+        pred, desc = _item_check(spec)
+        exp[s.item_column] = (_is_list_of(pred), f"list of {desc}s")
         for f in s.categorical:
             pred, desc = _cat_check(f)
             exp[f.name] = (_is_list_of(pred), f"list of {desc}")
@@ -151,7 +164,7 @@ def check_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) -> None:
 def check_side_table_schema(spec: FeatureSpec, schema: pa.Schema, where: Where) -> None:
     """The item side table has the spec's item columns (``item.*``), with their types."""
     it = spec.item
-    exp = {it.side_id_column: (_is_int, "integer item id")}
+    exp = {it.side_id_column: _item_check(spec)}
     if it.content_column:
         exp[it.content_column] = (_FLOAT_VEC, f"list of float (length {it.content_dim})")
     for f in it.features:
@@ -200,15 +213,24 @@ def _is_uint64(t: pa.DataType) -> bool:
     return pat.is_uint64(t) or (pat.is_dictionary(t) and pat.is_uint64(t.value_type))
 
 
-def unsigned_keys(spec: FeatureSpec, schema: pa.Schema) -> frozenset[str]:
-    """Key columns of ``schema`` typed uint64: they travel as the same 64 bits in ``Batch.keys``
-    (int64) and are written back as uint64 into the predictions (64-bit hashed ids)."""
-    return frozenset(k for k in spec.keys if k in schema.names and _is_uint64(schema.field(k).type))
+def key_kinds(spec: FeatureSpec, schema: pa.Schema) -> dict[str, str]:
+    """How each key column of ``schema`` travels in ``Batch.keys`` (int64): ``uint64`` as the same
+    64 bits, written back as uint64 (64-bit hashed ids); ``string`` as its row's position
+    (``key_values``); ``signed`` as it is."""
+    kinds = {}
+    for k in spec.keys:
+        t = schema.field(k).type
+        kinds[k] = "string" if _is_str(t) else "uint64" if _is_uint64(t) else "signed"
+    return kinds
 
 
-def key_values(arr: pa.Array, where: Where, col: str) -> np.ndarray:
+def key_values(arr: pa.Array, where: Where, col: str, first_row: int) -> np.ndarray:
     """A key column as int64, every value kept: uint64 keys as their bits (``unsigned_keys``), not
-    cast, which would wrap those past 2**63 to negative ones."""
+    cast, which would wrap those past 2**63 to negative ones; a string key as each row's position
+    in the split (its rows start at ``first_row``), by which the prediction writer takes the
+    string back (``RecDataModule.string_keys``)."""
+    if _is_str(arr.type):
+        return np.arange(first_row, first_row + len(arr), dtype=np.int64)
     if _is_uint64(arr.type):
         return numeric(arr, where, col, np.uint64).view(np.int64)
     return numeric(arr, where, col, np.int64)

@@ -15,6 +15,7 @@ every batch computable (exact mid-epoch resume).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Collection, Sequence
@@ -59,6 +60,12 @@ class SplitIndex:
     @property
     def num_rows(self) -> int:
         return sum(g.rows for g in self.groups)
+
+    @functools.cached_property
+    def first_rows(self) -> dict[RowGroup, int]:
+        """Each row group's first row in the split's order (files sorted, row groups in order)."""
+        starts = np.cumsum([0] + [g.rows for g in self.groups])
+        return dict(zip(self.groups, starts.tolist()))
 
     @classmethod
     def from_paths(cls, name: str, paths: list[str | Path]) -> SplitIndex:

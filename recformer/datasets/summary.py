@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from recformer.batch import DataError
 from recformer.config import FeatureSpec
-from recformer.data.decode import load_item_tables
+from recformer.data.decode import Decoder, load_item_tables
 from recformer.data.schema import Where, check_label, check_schema, numeric
 from recformer.data.shards import find_split_files, read_footer
 
@@ -129,10 +129,11 @@ def check_schemas(spec: FeatureSpec, footers: list[tuple[Path, pq.FileMetaData]]
 def summarize(root: Path) -> tuple[FeatureSpec, list[SplitSummary]]:
     root = Path(root)
     spec = FeatureSpec.load(root / "spec.yaml")
+    named = {(root / v[2]).resolve().parent for v in vocabularies(spec)}  # vocabularies are no split
     files = {
         d.name: find_split_files(root, d.name)  # the files the loader reads
         for d in root.iterdir()
-        if d.is_dir() and not d.name.startswith((".", "_"))
+        if d.is_dir() and not d.name.startswith((".", "_")) and d.resolve() not in named
     }
     split_names = [name for name, fs in files.items() if fs or name in NAMED_SPLITS]
     if not any(files[name] for name in split_names):
@@ -155,6 +156,18 @@ def side_table_summary(spec: FeatureSpec) -> tuple[Path, int, int] | None:
     return path, spec.item.vocab_size - missing, missing
 
 
+def vocabularies(spec: FeatureSpec) -> list[tuple[str, int, str]]:
+    """(field, size, file) of every vocabulary file the spec names."""
+    events = spec.sequence.categorical if spec.sequence else []
+    out = [
+        (f.name, f.vocab_size, f.vocab_file)
+        for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]
+    ]
+    if spec.item.vocab_file:
+        out.append((spec.item.column, spec.item.vocab_size + spec.item.cold_items, spec.item.vocab_file))
+    return [v for v in out if v[2]]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summary",
@@ -169,6 +182,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         spec, splits = summarize(args.dir)
+        Decoder(spec)  # reads and checks every vocabulary file the spec names, as the loader does
         side = side_table_summary(spec)
     except (FileNotFoundError, ValueError) as e:
         print(f"recformer data summary: error: {e}", file=sys.stderr)
@@ -176,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.dir}: label {spec.label!r}, group {spec.group!r}, {spec.item.vocab_size} items")
     if side is not None:
         print(f"items  side table {side[0]}: {side[1]} rows, {side[2]} known item(s) without a row")
+    if spec.item.cold_items:
+        print(f"items  {spec.item.vocab_size} trained, {spec.item.cold_items} cold (side features only)")
+    for name, size, path in vocabularies(spec):
+        print(f"vocab  {name}: {size} values ({path})")
     for s in splits:
         if not s.files:
             print(

@@ -39,8 +39,10 @@ class FeatureTokenizer(nn.Module):
     ``valid_BT`` is True for every token except padded history slots and absent bag values; it is
     None when there are neither (every token is always valid, so attention needs no mask at all).
 
-    Item side tables (``item_content`` [item_rows, K] float16, ``item_feats`` [item_rows, I] int64)
-    are persistent buffers so a checkpoint is self-contained; fill them with ``set_item_tables``.
+    Item side tables (``item_content`` [item_side_rows, P] float16, ``item_feats`` [item_side_rows, I]
+    int64) are persistent buffers so a checkpoint is self-contained; fill them with
+    ``set_item_tables``. Their rows are the batch's item rows: the trained items, then the cold items
+    (``ItemSpec.cold_items``), which read their id embedding from the item OOV row.
     """
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
@@ -65,13 +67,13 @@ class FeatureTokenizer(nn.Module):
         self.emb_proj = nn.ModuleList(nn.Linear(d, D, bias=False) for d in self.emb_dims)
         if self.n_item_feats:
             self.register_buffer(
-                "item_feats", torch.zeros(dims.item_rows, self.n_item_feats, dtype=torch.long)
+                "item_feats", torch.zeros(dims.item_side_rows, self.n_item_feats, dtype=torch.long)
             )
         if dims.content_dim:
             self.content_proj = nn.Linear(dims.content_dim, D, bias=False)
             # float16 halves the memory of the largest buffer; cast to the projection dtype at use.
             self.register_buffer(
-                "item_content", torch.zeros(dims.item_rows, dims.content_dim, dtype=torch.float16)
+                "item_content", torch.zeros(dims.item_side_rows, dims.content_dim, dtype=torch.float16)
             )
         self.slot_emb = nn.Parameter(torch.zeros(self.n_tokens, D))
 
@@ -161,10 +163,10 @@ class FeatureTokenizer(nn.Module):
                 raise ValueError(
                     f"set_item_tables: FeatureDims.content_dim={d.content_dim} needs a content tensor"
                 )
-            if tuple(content.shape) != (d.item_rows, d.content_dim) or not content.is_floating_point():
+            if tuple(content.shape) != (d.item_side_rows, d.content_dim) or not content.is_floating_point():
                 raise ValueError(
                     f"set_item_tables: content is {content.dtype} {tuple(content.shape)}; expected a float "
-                    f"tensor [item_rows={d.item_rows}, content_dim={d.content_dim}]"
+                    f"tensor [item_side_rows={d.item_side_rows}, content_dim={d.content_dim}]"
                 )
             half = content.to(self.item_content.device, torch.float16)
             if not torch.isfinite(half).all():  # setup-time check, not on the training path
@@ -181,10 +183,10 @@ class FeatureTokenizer(nn.Module):
                 raise ValueError(
                     f"set_item_tables: FeatureDims.item_feat_rows={d.item_feat_rows} needs a features tensor"
                 )
-            if tuple(features.shape) != (d.item_rows, self.n_item_feats) or features.is_floating_point():
+            if tuple(features.shape) != (d.item_side_rows, self.n_item_feats) or features.is_floating_point():
                 raise ValueError(
                     f"set_item_tables: features is {features.dtype} {tuple(features.shape)}; expected an "
-                    f"integer tensor [item_rows={d.item_rows}, n_item_feats={self.n_item_feats}]"
+                    f"integer tensor [item_side_rows={d.item_side_rows}, n_item_feats={self.n_item_feats}]"
                 )
             # Per value column: its feature's rows; a multi-valued feature's values may be absent (-1).
             field = [j for j, v in enumerate(d.item_feat_values) for _ in range(v)]
@@ -241,7 +243,7 @@ class FeatureTokenizer(nn.Module):
             else batch.target_item[:, None]
         )
         S = items_BS.shape[1]
-        ids_BSJ = items_BS.unsqueeze(-1) + self.item_offset
+        ids_BSJ = self._item_embedding_rows(items_BS).unsqueeze(-1) + self.item_offset
         if self.n_item_feats:
             feats_BSI = self.item_feats.index_select(0, items_BS.flatten()).view(B, S, self.n_item_feats)
             ids_BSJ = torch.cat([ids_BSJ, self._rows(feats_BSI, self.feat_offsets)], dim=-1)
@@ -287,6 +289,12 @@ class FeatureTokenizer(nn.Module):
         bags_valid_BT = ones(sum(self.bag_tokens)) if bags_valid_BT is None else bags_valid_BT
         valid_BT = torch.cat([ones(n_before_bags), bags_valid_BT, batch.hist_mask, ones(1)], dim=1)
         return x_BTD, valid_BT
+
+    def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
+        """Item rows as rows of the id embedding: a cold item's (past ``item_rows``) is the OOV row."""
+        if self.dims.item_side_rows == self.dims.item_rows:  # no cold items
+            return items_BS
+        return torch.where(items_BS < self.dims.item_rows, items_BS, 0)
 
     def _rows(self, rows_BxV: torch.Tensor, offsets_V: torch.Tensor) -> torch.Tensor:
         """Per-field rows (-1 = no value) as rows of ``table`` (absent values: the padding row)."""
