@@ -506,7 +506,17 @@ class RankerConfig:
     base_d_model: int = 64
     """Width at which muP hyperparameters were tuned; m = d_model / base_d_model."""
     dense_tokens: int = 1
-    """Tokens the dense features are projected into."""
+    """Tokens the dense features are projected into (one shared linear map)."""
+    dense_per_feature: bool = False
+    """A token per dense feature instead, ``x_j * w_j + b_j`` (the numerical embedding of
+    FT-Transformer, Gorishniy et al. 2021): each feature attended to on its own."""
+    content_tokens: Literal["add", "target", "all"] = "add"
+    """Where an item's projected content embedding goes: ``add``ed to its item token; the
+    ``target``'s as a token of its own (history events keep theirs added); or ``all`` (every
+    history event's too: L more tokens)."""
+    embedding_dropout: float = 0.0
+    """Dropout on the token embeddings before the first block (on sparse-id rankers it regularises
+    the embedding tables, which carry most of the parameters)."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0
@@ -545,8 +555,9 @@ class RankerConfig:
             raise ValueError(f"n_layers={self.n_layers} must be >= 1")
         if not 0.0 < self.base_rate < 1.0:
             raise ValueError(f"base_rate={self.base_rate} must be strictly between 0 and 1")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        for name in ("dropout", "embedding_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.dense_tokens < 1:
             raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
         if self.mup and self.init in ("xavier", "deepnorm"):
@@ -604,6 +615,11 @@ class OptimConfig:
     """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices only (not norms, biases, embedding tables)."""
+    embedding_decay: float = 0.0
+    """Decoupled decay of the embedding-table rows a step touches (the rows its batch read):
+    ``row *= 1 - lr * embedding_decay``, as AdamW decays a matrix, but only where the batch looked,
+    so rows seen rarely are not pulled to 0 between their updates: DIN's mini-batch aware
+    regularisation (Zhou et al. 2018, section 5.1) in AdamW's decoupled form."""
     warmup_steps: int = 100
     """Linear warmup steps from 0 to lr."""
     schedule: Literal["cosine", "constant", "linear"] = "cosine"
@@ -628,7 +644,7 @@ class OptimConfig:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if not self.eps > 0:
             raise ValueError(f"eps={self.eps} must be > 0")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip", "embedding_decay"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 = off)")
         if self.max_nonfinite_steps < 1:

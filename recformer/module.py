@@ -303,6 +303,25 @@ class RankerModule(pl.LightningModule):
         self._nonfinite_in_a_row = 0
         if self.optim_cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.optim_cfg.grad_clip, total, foreach=True)
+        if self.optim_cfg.embedding_decay > 0:
+            self._decay_touched_rows(optimizer)
+
+    @torch.no_grad()
+    def _decay_touched_rows(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optim.embedding_decay`` on the rows of each embedding table that this step's gradient
+        touches (a row no sample read has an all-zero gradient), at its group's current LR; before
+        the AdamW step, where AdamW itself decays. On the device: no sync."""
+        lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+        for table in self._tables:
+            if table.grad is None:
+                continue
+            touched_V1 = table.grad.ne(0).any(dim=1, keepdim=True)
+            decay = 1.0 - lr_of[id(table)] * self.optim_cfg.embedding_decay
+            table.mul_(torch.where(touched_V1, decay, 1.0))
+
+    @functools.cached_property
+    def _tables(self) -> list[torch.nn.Parameter]:
+        return [m.weight for m in self.ranker.modules() if isinstance(m, torch.nn.Embedding)]
 
     def _skip_nonfinite_step(self) -> None:
         for p in self.parameters():

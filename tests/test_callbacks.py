@@ -373,18 +373,31 @@ def test_spike_state_survives_a_lightning_resume(tiny_data, tmp_path):
 
 
 # -- models without blocks, throughput, config -----------------------------------------------
-@pytest.mark.parametrize("arch", ["popularity", "din"])
+@pytest.mark.parametrize("arch", ["popularity", "din", "deepfm", "dcnv2", "dcnv2_parallel", "bst"])
 def test_baselines_get_what_applies_to_them_and_no_crash(tiny_data, tmp_path, arch):
     fit_tiny(tiny_data, tmp_path, arch=arch, optim=OptimConfig(warmup_steps=2), steps=6, every=3)
     _, records = read_health(tmp_path)
     names = set(records[-1])
-    assert not any(n.startswith("health/grad_norm") or n.startswith("health/cos_adjacent") for n in names)
+    has_block = arch == "bst"  # BST's one Transformer layer reports like the ranker's blocks
+    assert any(n.startswith("health/grad_norm") for n in names) == has_block
+    assert (mn.COS_ADJACENT.format(i=0) in names) == has_block
     assert any(n.startswith("health/adam_v/") for n in names)
-    assert (mn.EMB_ROW_NORM.format(table="item", q=50) in names) == (arch == "din")
+    assert (mn.EMB_ROW_NORM.format(table="item", q=50) in names) == (arch != "popularity")
     assert mn.SAMPLES_PER_S in names
 
 
-@pytest.mark.parametrize("arch, layers", [("transformer", 2), ("transformer", 4), ("din", 2)])
+@pytest.mark.parametrize(
+    "arch, layers",
+    [
+        ("transformer", 2),
+        ("transformer", 4),
+        ("din", 2),
+        ("deepfm", 2),
+        ("dcnv2", 3),
+        ("dcnv2_parallel", 2),
+        ("bst", 1),
+    ],
+)
 def test_flops_per_sample_matches_a_flop_counter(tiny_data, arch, layers):
     """MFU's FLOP count against PyTorch's FLOP counter over a real forward and backward: the
     Ranker's last block runs 1-2 query tokens, DIN's attention MLP every history slot, the content

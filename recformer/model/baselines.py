@@ -5,8 +5,20 @@
 - ``din``: Deep Interest Network (Zhou et al., KDD 2018): target attention over the history
   (an MLP scores each event against the target from [h, t, h - t, h * t]; the weights are not
   softmax-normalised, so the pooled vector keeps the intensity of interest), then an MLP over the
-  target, the pooled history and the context tokens. It shares the Transformer's tokenizer, so the
-  two differ only in what happens after the embeddings.
+  target, the pooled history and the context tokens.
+- ``deepfm``: DeepFM (Guo et al., IJCAI 2017): a factorisation machine (first-order terms plus
+  every pairwise inner product of the field embeddings) beside a DNN over the same embeddings.
+- ``dcnv2`` / ``dcnv2_parallel``: DCN-V2 (Wang et al., WWW 2021): a cross network
+  (x_{l+1} = x_0 * (W_l x_l + b_l) + x_l, full-rank W) stacked under a DNN, or beside it.
+- ``bst``: Behavior Sequence Transformer (Chen et al., DLP-KDD 2019): one Transformer layer
+  (post-norm, as in the paper) over the history events and the target, its outputs concatenated
+  with the other fields into an MLP of 1024-512-256 LeakyReLU units.
+
+Every model but popularity shares the Transformer's tokenizer (``FeatureTokenizer``) and so the same
+features: the models differ only in what happens after the embeddings. The fields of the
+non-sequence models (DeepFM, DCN-V2) are the tokenizer's context tokens (categoricals, dense, per-row
+embeddings, bags), the history mean-pooled over its events (as FuxiCTR and TorchRec pool a sequence
+feature), and the target item token.
 
 Shape suffixes: the legend in ``recformer/__init__.py``.
 """
@@ -22,6 +34,7 @@ from torch import nn
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops
+from recformer.model.blocks import PostNormBlock
 from recformer.model.embedding import FeatureTokenizer
 from recformer.model.init import init_tokens
 from recformer.model.protocol import BlockStats, ParamKind
@@ -71,34 +84,38 @@ class PopularityRanker(nn.Module):
         return self(batch), None
 
 
-class DINRanker(nn.Module):
+def _mlp(d_in: int, widths: list[int], dropout: float, act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for w in widths:
+        layers += [nn.Linear(d_in, w), act(), nn.Dropout(dropout)]
+        d_in = w
+    return nn.Sequential(*layers)
+
+
+class TokenBaseline(nn.Module):
+    """The ``RankerNet`` plumbing every tokenizer-based baseline shares: its tokenizer's tables,
+    no Transformer blocks (BST overrides), its parameters' kinds (``out.weight`` the readout), and
+    the init: normal(init_std) matrices, zero biases, the readout zero with its bias at the base
+    rate's log-odds, like the Transformer's head."""
+
     optimizer_rules = OPTIONAL_GROUPS
 
-    def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
-        super().__init__()
+    def _setup(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         self.cfg, self.dims = cfg, dims
-        if not dims.max_len:
-            raise ValueError("arch='din' needs a history (feature spec with a sequence)")
-        D = cfg.d_model
         self.tokens = FeatureTokenizer(cfg, dims)
         self.n_context = self.tokens.n_context
         self.max_len = dims.max_len
-        self.attn_mlp = nn.Sequential(nn.Linear(4 * D, 2 * D), nn.GELU(), nn.Linear(2 * D, 1))
-        hidden = cfg.head_hidden or 2 * D
-        # Context tokens except CLS, the pooled history and the target.
-        d_in = (self.n_context - 1) * D + 2 * D
-        self.mlp = nn.Sequential(
-            nn.Linear(d_in, hidden), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(hidden, hidden), nn.GELU()
-        )
-        self.out = nn.Linear(hidden, 1)
+
+    def _init(self) -> None:
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and not name.startswith("tokens.") and m is not self.out:
+                nn.init.normal_(m.weight, std=self.cfg.init_std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         nn.init.zeros_(self.out.weight)  # start at the base rate, like the Transformer's head
-        nn.init.constant_(self.out.bias, _log_odds(cfg.base_rate))
-        for m in [*self.attn_mlp, *self.mlp]:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=cfg.init_std)
-                nn.init.zeros_(m.bias)
+        nn.init.constant_(self.out.bias, _log_odds(self.cfg.base_rate))
         with torch.no_grad():
-            init_tokens(self.tokens, cfg)  # the Transformer's token init, not PyTorch's N(0, 1) tables
+            init_tokens(self.tokens, self.cfg)  # the Transformer's token init, not PyTorch's N(0, 1)
 
     @property
     def n_tokens(self) -> int:
@@ -127,6 +144,39 @@ class DINRanker(nn.Module):
                 kinds[name] = "vector" if p.ndim == 1 else "hidden"
         return kinds
 
+    def fields(self, batch: Batch) -> torch.Tensor:
+        """[B, n_fields, D]: the context tokens (not CLS), the history mean-pooled over its events
+        (when there is one), the target item token."""
+        x_BTD, _ = self.tokens(batch)
+        fields = [x_BTD[:, 1 : self.n_context]]
+        if self.max_len:
+            hist_BLD = x_BTD[:, self.n_context : self.n_context + self.max_len]
+            m_BL1 = batch.hist_mask.unsqueeze(-1).to(hist_BLD.dtype)
+            fields.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
+        return torch.cat([*fields, x_BTD[:, -1:]], dim=1)
+
+    @property
+    def n_fields(self) -> int:
+        return self.n_context - 1 + (1 if self.max_len else 0) + 1
+
+
+class DINRanker(TokenBaseline):
+    def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
+        super().__init__()
+        if not dims.max_len:
+            raise ValueError("arch='din' needs a history (feature spec with a sequence)")
+        self._setup(cfg, dims)
+        D = cfg.d_model
+        self.attn_mlp = nn.Sequential(nn.Linear(4 * D, 2 * D), nn.GELU(), nn.Linear(2 * D, 1))
+        hidden = cfg.head_hidden or 2 * D
+        # Context tokens except CLS, the pooled history and the target.
+        d_in = (self.n_context - 1) * D + 2 * D
+        self.mlp = nn.Sequential(
+            nn.Linear(d_in, hidden), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(hidden, hidden), nn.GELU()
+        )
+        self.out = nn.Linear(hidden, 1)
+        self._init()
+
     def flop_terms(self) -> list[flops.Term]:
         """The attention MLP once per history slot, the MLP and output once per sample, plus the
         tokenizer's input projections."""
@@ -151,3 +201,142 @@ class DINRanker(nn.Module):
         pooled_BD = (score_BL[:, :, None] * hist_BLD).sum(1)
         h = self.mlp(torch.cat([ctx_BTD.reshape(B, -1), pooled_BD, tgt_BD], -1))
         return self.out(h).squeeze(-1).float()
+
+
+DNN_WIDTHS = [400, 400, 400]
+"""The DNN of DeepFM and DCN-V2 when ``head_hidden`` is 0: three layers of 400 units, the default of
+both papers' public implementations (and FuxiCTR's)."""
+
+
+class DeepFMRanker(TokenBaseline):
+    """logit = first-order terms + FM pairwise interactions + DNN (Guo et al. 2017). The first-order
+    terms are a linear function of the field embeddings (a scalar per id is one of its solutions)."""
+
+    def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
+        super().__init__()
+        self._setup(cfg, dims)
+        d_in = self.n_fields * cfg.d_model
+        widths = [cfg.head_hidden] * 3 if cfg.head_hidden else DNN_WIDTHS
+        self.first = nn.Linear(d_in, 1)
+        self.dnn = _mlp(d_in, widths, cfg.dropout)
+        self.out = nn.Linear(widths[-1], 1)
+        self._init()
+
+    def flop_terms(self) -> list[flops.Term]:
+        once = flops.matrix_params(self.first) + flops.matrix_params(self.dnn) + flops.matrix_params(self.out)
+        return [*self.tokens.flop_terms(), flops.Matmul(once, 1)]
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        v_BFD = self.fields(batch)
+        flat_BX = v_BFD.flatten(1)
+        # sum over pairs i < j of <v_i, v_j> = ((sum_i v_i)^2 - sum_i v_i^2) / 2, per dimension
+        fm_B = 0.5 * (v_BFD.sum(1).square() - v_BFD.square().sum(1)).sum(-1)
+        return (self.first(flat_BX).squeeze(-1) + fm_B + self.out(self.dnn(flat_BX)).squeeze(-1)).float()
+
+
+class CrossLayer(nn.Module):
+    """x_{l+1} = x_0 * (W x_l + b) + x_l (DCN-V2's full-rank cross layer)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+
+    def forward(self, x0_BX: torch.Tensor, x_BX: torch.Tensor) -> torch.Tensor:
+        return x0_BX * self.linear(x_BX) + x_BX
+
+
+class DCNv2Ranker(TokenBaseline):
+    """DCN-V2 (Wang et al. 2021): ``n_layers`` cross layers over the concatenated field embeddings,
+    then a DNN (``stacked``), or a DNN beside them whose outputs are concatenated (``parallel``)."""
+
+    def __init__(self, cfg: RankerConfig, dims: FeatureDims, parallel: bool = False) -> None:
+        super().__init__()
+        self._setup(cfg, dims)
+        self.parallel = parallel
+        d_in = self.n_fields * cfg.d_model
+        widths = [cfg.head_hidden] * 3 if cfg.head_hidden else DNN_WIDTHS
+        self.cross = nn.ModuleList(CrossLayer(d_in) for _ in range(cfg.n_layers))
+        self.dnn = _mlp(d_in, widths, cfg.dropout)
+        self.out = nn.Linear(widths[-1] + (d_in if parallel else 0), 1)
+        self._init()
+        for layer in self.cross:  # Glorot, the Keras default of the paper's code; zero bias
+            nn.init.xavier_normal_(layer.linear.weight)
+
+    def flop_terms(self) -> list[flops.Term]:
+        once = sum(flops.matrix_params(m) for m in (self.cross, self.dnn, self.out))
+        return [*self.tokens.flop_terms(), flops.Matmul(once, 1)]
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x0_BX = self.fields(batch).flatten(1)
+        x_BX = x0_BX
+        for layer in self.cross:
+            x_BX = layer(x0_BX, x_BX)
+        h_BM = torch.cat([x_BX, self.dnn(x0_BX)], -1) if self.parallel else self.dnn(x_BX)
+        return self.out(h_BM).squeeze(-1).float()
+
+
+BST_WIDTHS = [1024, 512, 256]
+"""The MLP of BST (Chen et al. 2019, section 2.3)."""
+
+
+class BSTRanker(TokenBaseline):
+    """BST (Chen et al. 2019): one post-norm Transformer layer over the history events and the
+    target (positions from the tokenizer's slot embeddings), every output of it flattened beside the
+    other fields into an MLP of 1024-512-256 LeakyReLU units."""
+
+    def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
+        super().__init__()
+        if not dims.max_len:
+            raise ValueError("arch='bst' needs a history (feature spec with a sequence)")
+        self._setup(cfg, dims)
+        D = cfg.d_model
+        self.block = PostNormBlock(dataclasses.replace(cfg, norm="layer", qk_norm="none"), 0)
+        d_in = (self.n_context - 1 + self.max_len + 1) * D
+        self.mlp = _mlp(d_in, BST_WIDTHS, cfg.dropout, nn.LeakyReLU)
+        self.out = nn.Linear(BST_WIDTHS[-1], 1)
+        self._init()
+        for m in self.block.modules():  # norms start as the identity
+            if hasattr(m, "weight") and m.weight is not None and m.weight.ndim == 1:
+                nn.init.ones_(m.weight)
+
+    def transformer_blocks(self) -> tuple[nn.Module, ...]:
+        return (self.block,)
+
+    def flop_terms(self) -> list[flops.Term]:
+        S = self.max_len + 1
+        once = flops.matrix_params(self.mlp) + flops.matrix_params(self.out)
+        terms = flops.block_terms(self.block, self.cfg.d_model, S)
+        return [*self.tokens.flop_terms(), *terms, flops.Matmul(once, 1)]
+
+    def _sequence(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x_BTD, valid_BT = self.tokens(batch)
+        seq_BSD = x_BTD[:, self.n_context :]  # the history events and the target
+        attend_B11S = valid_BT[:, None, None, self.n_context :]
+        return x_BTD[:, 1 : self.n_context], seq_BSD, attend_B11S
+
+    def _read(self, ctx_BxD: torch.Tensor, y_BSD: torch.Tensor, attend_B11S: torch.Tensor) -> torch.Tensor:
+        y_BSD = y_BSD * attend_B11S[:, 0, 0, :, None]  # padded events' outputs are not features
+        h_BM = self.mlp(torch.cat([ctx_BxD.flatten(1), y_BSD.flatten(1)], -1))
+        return self.out(h_BM).squeeze(-1).float()
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        ctx_BxD, seq_BSD, attend_B11S = self._sequence(batch)
+        return self._read(ctx_BxD, self.block(seq_BSD, attend_B11S), attend_B11S)
+
+    @torch.compiler.disable
+    def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats | None]:
+        ctx_BxD, seq_BSD, attend_B11S = self._sequence(batch)
+        y_BSD, attn = self.block.forward_stats(seq_BSD, attend_B11S)
+        w_BS = attend_B11S[:, 0, 0].float()
+        with torch.no_grad():
+            y32, x32 = y_BSD.detach().float(), seq_BSD.detach().float()
+            rms = ((y32.square().mean(-1) * w_BS).sum() / w_BS.sum()).sqrt()
+            cos = (torch.nn.functional.cosine_similarity(x32, y32, dim=-1) * w_BS).sum() / w_BS.sum()
+        stats = BlockStats(
+            [seq_BSD.detach(), y_BSD.detach()],
+            rms[None],
+            attn.logit_max_N[None],
+            attn.entropy_N[None],
+            cos[None],
+        )
+        return self._read(ctx_BxD, y_BSD, attend_B11S), stats

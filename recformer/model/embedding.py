@@ -51,18 +51,27 @@ class FeatureTokenizer(nn.Module):
         self.dims = dims
         self.d_model = D
         self.n_cat = len(dims.cat_rows)
-        self.dense_tokens = cfg.dense_tokens if dims.n_dense > 0 else 0
+        self.dense_per_feature = cfg.dense_per_feature and dims.n_dense > 0
+        self.dense_tokens = (
+            (dims.n_dense if self.dense_per_feature else cfg.dense_tokens) if dims.n_dense > 0 else 0
+        )
+        self.content_tokens = cfg.content_tokens if dims.content_dim else "add"
+        self.embedding_dropout = cfg.embedding_dropout
         self.emb_dims = list(dims.emb_dims)
         self.max_len = dims.max_len
         self.n_item_feats = sum(dims.item_feat_values)  # values: a multi-valued feature has several
         self.n_hist_cat = len(dims.hist_cat_rows) if dims.max_len else 0
         self.bag_tokens = [M if pool == "tokens" else 1 for M, pool in zip(dims.bag_values, dims.bag_pooling)]
         self.n_context = 1 + self.n_cat + self.dense_tokens + len(self.emb_dims) + sum(self.bag_tokens)
-        self.n_tokens = self.n_context + self.max_len + 1
+        extra = {"add": 0, "target": 1, "all": self.max_len + 1}[self.content_tokens]
+        self.n_tokens = self.n_context + self.max_len + extra + 1
         _check_dims(dims)
         self._build_table(dims)
         self.cls = nn.Parameter(torch.zeros(D))
-        if self.dense_tokens:
+        if self.dense_per_feature:
+            self.dense_weight = nn.Parameter(torch.zeros(dims.n_dense, D))
+            self.dense_bias = nn.Parameter(torch.zeros(dims.n_dense, D))
+        elif self.dense_tokens:
             self.dense_proj = nn.Linear(dims.n_dense, self.dense_tokens * D, bias=False)
         self.emb_proj = nn.ModuleList(nn.Linear(d, D, bias=False) for d in self.emb_dims)
         if self.n_item_feats:
@@ -235,6 +244,26 @@ class FeatureTokenizer(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.check_batch(batch)
+        bag_BUD, items_BS = self._lookup(batch)
+        F_ = self.n_cat
+        context, bags_valid_BT = self._context_tokens(batch, bag_BUD[:, :F_])
+        items, content_valid_BT = self._item_tokens(batch, bag_BUD[:, F_:], items_BS)
+        x_BTD = torch.cat(context + items, dim=1) + self.slot_emb
+        if self.embedding_dropout > 0:
+            x_BTD = F.dropout(x_BTD, self.embedding_dropout, self.training)
+        if not self.max_len and bags_valid_BT is None:
+            return x_BTD, None
+        # CLS, context and target tokens are always valid: no sample ever has zero valid keys.
+        B = x_BTD.shape[0]
+        ones = lambda n: batch.hist_mask.new_ones(B, n)
+        n_before_bags = self.n_context - sum(self.bag_tokens)
+        bags_valid_BT = ones(sum(self.bag_tokens)) if bags_valid_BT is None else bags_valid_BT
+        parts = [ones(n_before_bags), bags_valid_BT, batch.hist_mask, content_valid_BT, ones(1)]
+        return x_BTD, torch.cat(parts, dim=1)
+
+    def _lookup(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every id bag of the batch in one ``embedding_bag``: the context categoricals' tokens, then
+        each item slot's (history events, target); and the item rows [B, S]."""
         B, D, L, F_ = batch.target_item.shape[0], self.d_model, self.max_len, self.n_cat
         # History events and the target share the item rows (and the item side buffers).
         items_BS = (
@@ -260,35 +289,46 @@ class FeatureTokenizer(nn.Module):
         starts_Z = (
             self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_Z.device)[:, None]
         ).view(-1)
-        bag_BUD = F.embedding_bag(
-            ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row
-        ).view(B, F_ + S, D)
+        bag_Z = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row)
+        return bag_Z.view(B, F_ + S, D), items_BS
 
-        parts_BxD = [self.cls.expand(B, 1, D)]
-        if self.dense_tokens:
-            parts_BxD.append(self.dense_proj(batch.dense).view(B, self.dense_tokens, D))
+    def _context_tokens(
+        self, batch: Batch, cat_BFD: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """CLS, dense, per-row embedding, categorical and bag tokens; the bags' validity."""
+        B, D = cat_BFD.shape[0], self.d_model
+        parts = [self.cls.expand(B, 1, D)]
+        if self.dense_per_feature:  # a token per feature: x_j * w_j + b_j (Gorishniy et al. 2021)
+            parts.append(batch.dense.unsqueeze(-1) * self.dense_weight + self.dense_bias)
+        elif self.dense_tokens:
+            parts.append(self.dense_proj(batch.dense).view(B, self.dense_tokens, D))
         if self.emb_dims:
             for proj, e_BE in zip(self.emb_proj, batch.emb.split(self.emb_dims, dim=-1)):
-                parts_BxD.append(proj(e_BE).unsqueeze(1))
-        parts_BxD.append(bag_BUD[:, :F_])
-        bags_BxD, bags_valid_BT = self._bag_tokens(batch.bag)
-        parts_BxD += bags_BxD
-        items_BSD = bag_BUD[:, F_:]
-        if self.dims.content_dim:
-            w = self.content_proj.weight
-            content_BSP = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
-            items_BSD = items_BSD + self.content_proj(content_BSP)
-        parts_BxD.append(items_BSD)
+                parts.append(proj(e_BE).unsqueeze(1))
+        parts.append(cat_BFD)
+        bags, bags_valid_BT = self._bag_tokens(batch.bag)
+        return parts + bags, bags_valid_BT
 
-        x_BTD = torch.cat(parts_BxD, dim=1) + self.slot_emb
-        if not L and bags_valid_BT is None:
-            return x_BTD, None
-        # CLS, context and target tokens are always valid: no sample ever has zero valid keys.
-        ones = lambda n: batch.hist_mask.new_ones(B, n)
-        n_before_bags = self.n_context - sum(self.bag_tokens)
-        bags_valid_BT = ones(sum(self.bag_tokens)) if bags_valid_BT is None else bags_valid_BT
-        valid_BT = torch.cat([ones(n_before_bags), bags_valid_BT, batch.hist_mask, ones(1)], dim=1)
-        return x_BTD, valid_BT
+    def _item_tokens(
+        self, batch: Batch, items_BSD: torch.Tensor, items_BS: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The history events' and the target's tokens, with each item's content projection added
+        to its token or as a token of its own (``content_tokens``), and those content tokens'
+        validity (their events' mask)."""
+        B, S, L = items_BSD.shape[0], items_BSD.shape[1], self.max_len
+        none_BT = batch.hist_mask.new_ones(B, 0)
+        if not self.dims.content_dim:
+            return [items_BSD], none_BT
+        w = self.content_proj.weight
+        content_BSP = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
+        c_BSD = self.content_proj(content_BSP)
+        if self.content_tokens == "add":
+            return [items_BSD + c_BSD], none_BT
+        if self.content_tokens == "target":  # events keep theirs added; the target's is a token
+            events_BLD = items_BSD[:, :L] + c_BSD[:, :L]
+            return [events_BLD, c_BSD[:, L:], items_BSD[:, L:]], batch.hist_mask.new_ones(B, 1)
+        ones_B1 = batch.hist_mask.new_ones(B, 1)  # "all": every item slot's content is a token
+        return [items_BSD[:, :L], c_BSD, items_BSD[:, L:]], torch.cat([batch.hist_mask, ones_B1], dim=1)
 
     def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
         """Item rows as rows of the id embedding: a cold item's (past ``item_rows``) is the OOV row."""

@@ -99,7 +99,7 @@ def init_tokens(tokens: FeatureTokenizer, cfg: RankerConfig) -> set[str]:
         elif isinstance(module, nn.Linear):
             module.weight.normal_(0.0, input_std(cfg, module.in_features, module.out_features))
             covered.add(names[id(module.weight)])
-    for p in (tokens.cls, tokens.slot_emb):
+    for p in tokens.parameters(recurse=False):  # CLS, slot embeddings, per-feature dense tokens
         p.normal_(0.0, cfg.init_std)
         covered.add(names[id(p)])
     return covered

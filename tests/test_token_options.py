@@ -1,0 +1,89 @@
+"""The ranker's token options (content as its own token, a token per dense feature, embedding
+dropout) and the embedding-row decay of the optimizer, against hand-written expectations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recformer.config import OptimConfig, RankerConfig
+from recformer.model import Ranker, build_model
+from recformer.module import RankerModule
+from tests._model_batches import random_batch, random_item_tables, tiny_dims
+
+
+def _ranker(**kw) -> tuple[Ranker, object]:
+    dims = tiny_dims()
+    torch.manual_seed(0)
+    ranker = Ranker(RankerConfig(d_model=16, n_heads=2, **kw), dims).eval()
+    ranker.set_item_tables(*random_item_tables(dims))
+    return ranker, random_batch(dims, batch_size=6)
+
+
+def _content(tok, rows_BS: torch.Tensor) -> torch.Tensor:
+    w = tok.content_proj.weight
+    return tok.content_proj(tok.item_content[rows_BS].to(w.dtype))
+
+
+@pytest.mark.parametrize("mode, extra", [("add", 0), ("target", 1), ("all", 7)])
+def test_content_tokens_sit_where_the_option_says(mode, extra):
+    base, batch = _ranker()
+    ranker, _ = _ranker(content_tokens=mode)
+    tok, L = ranker.tokens, ranker.dims.max_len
+    assert ranker.n_tokens == base.n_tokens + extra
+    x_BTD, valid_BT = tok(batch)
+    T = x_BTD.shape[1]
+    assert ranker.n_tokens == T and valid_BT.shape == (6, T)
+    if mode == "target":  # the target's content, one token before the target
+        want = _content(tok, batch.target_item)
+        torch.testing.assert_close(x_BTD[:, T - 2] - tok.slot_emb[T - 2], want)
+        assert valid_BT[:, T - 2].all()
+    if mode == "all":  # every event's content after the events, masked where the event is padding
+        first = tok.n_context + L
+        want = _content(tok, batch.hist_item)
+        torch.testing.assert_close(x_BTD[:, first : first + L] - tok.slot_emb[first : first + L], want)
+        assert torch.equal(valid_BT[:, first : first + L], batch.hist_mask)
+    assert torch.isfinite(ranker(batch)).all()
+
+
+def test_a_token_per_dense_feature_is_value_times_its_vector_plus_its_bias():
+    ranker, batch = _ranker(dense_per_feature=True)
+    tok = ranker.tokens
+    x_BTD, _ = tok(batch)
+    n = ranker.dims.n_dense
+    assert tok.dense_tokens == n
+    want = batch.dense[:, :, None] * tok.dense_weight + tok.dense_bias
+    torch.testing.assert_close(x_BTD[:, 1 : 1 + n] - tok.slot_emb[1 : 1 + n], want)
+    assert ranker.param_kinds()["tokens.dense_weight"] == "embedding"
+
+
+def test_embedding_dropout_acts_in_training_only():
+    ranker, batch = _ranker(embedding_dropout=0.5)
+    with torch.no_grad():
+        ranker.head.out.weight.normal_()
+    e1, e2 = ranker(batch), ranker(batch)
+    torch.testing.assert_close(e1, e2)
+    ranker.train()
+    assert not torch.allclose(ranker(batch), ranker(batch))
+
+
+def test_embedding_decay_shrinks_the_touched_rows_only():
+    dims = tiny_dims()
+    m = RankerModule(
+        ranker=RankerConfig(d_model=16, n_heads=2), optim=OptimConfig(embedding_decay=0.5), dims=dims
+    )
+    table = m.ranker.tokens.table.weight
+    table.grad = torch.zeros_like(table)
+    table.grad[[3, 7]] = 1.0
+    before = table.detach().clone()
+    opt = torch.optim.AdamW([{"params": [table], "lr": 0.1}])
+    m._decay_touched_rows(opt)
+    torch.testing.assert_close(table[[3, 7]], before[[3, 7]] * (1 - 0.1 * 0.5))
+    untouched = torch.ones(len(table), dtype=torch.bool)
+    untouched[[3, 7]] = False
+    assert torch.equal(table[untouched], before[untouched])
+
+
+def test_a_baseline_refuses_content_tokens_of_their_own():
+    with pytest.raises(ValueError, match="set model.ranker.content_tokens=add"):
+        build_model("deepfm", RankerConfig(d_model=16, n_heads=2, content_tokens="target"), tiny_dims())
