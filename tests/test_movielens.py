@@ -12,7 +12,7 @@ import datetime as dt
 import functools
 import importlib.util
 import shutil
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -177,11 +177,19 @@ def test_spec_loads_and_names_only_existing_columns(full):
     # Every id stays inside its declared vocabulary (no value would silently fall into the OOV row).
     train = _split(out, "train")
     for f in spec.item.features:
-        v = side.column(f.name).to_numpy()
+        col = side.column(f.name).combine_chunks()
+        v = (col.flatten() if f.max_values > 1 else col).to_numpy()
         assert v.min() >= 0 and v.max() < f.vocab_size
     for f in spec.categorical:
+        if f.vocab_file is not None:  # raw ids, mapped through a vocabulary fit on train
+            continue
         v = train.column(f.name).to_numpy()
         assert v.min() >= 0 and v.max() < f.vocab_size
+    # user_id's bounded table: a row per user with at least MIN_USER_RATINGS train ratings.
+    counts = Counter(train.column("user_id").to_pylist())
+    vocab = pq.read_table(out / ml.USER_VOCAB).column(0).to_pylist()
+    assert sorted(vocab) == sorted(u for u, c in counts.items() if c >= ml.MIN_USER_RATINGS)
+    assert next(f for f in spec.categorical if f.name == "user_id").vocab_size == len(vocab)
     ratings = train.column("hist_ratings").combine_chunks().flatten().to_numpy()
     assert ratings.min() >= 1 and ratings.max() == 10 and spec.sequence.categorical[0].vocab_size == 11
     # Dense normalisation was fitted on train: re-deriving it gives the same figures.

@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
+from recformer.datasets.vocab import fit_column
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = "data/ml-latest-small"
@@ -110,6 +111,7 @@ DENSE_COLUMNS = {
     "user_n_prior": True,
     "user_pos_rate_prior": False,
     "item_n_prior": True,
+    "item_pos_rate_prior": False,
     "days_since_release": True,
 }
 """Dense columns and whether they get log1p (counts and day spans are heavy-tailed; a rate is not)."""
@@ -245,6 +247,7 @@ def build_items(
             "tags": pa.array(tag_text, pa.string()),
             "year_bucket": pa.array(year_bucket(year.astype(np.int64))),
             "first_genre": pa.array(np.array([genre_id[g.split("|")[0]] for g in genres], dtype=np.int8)),
+            "genre_ids": pa.array([[genre_id[x] for x in g.split("|")] for g in genres], pa.list_(pa.int8())),
         }
     )
 
@@ -368,7 +371,7 @@ def build_log(ratings: pa.Table, items: pa.Table, max_len: int, source: Path) ->
         "user_pos_rate_prior": pa.array(
             ((pos_prior + PRIOR_STRENGTH * train_pos_rate) / (n_prior + PRIOR_STRENGTH)).astype(np.float32)
         ),
-        "item_n_prior": pa.array(_item_n_prior(item, ts).astype(np.float32)),
+        **_item_priors(item, ts, label, train_pos_rate),
         "days_since_release": pa.array(np.where(year >= 0, days, -1.0).astype(np.float32)),
     }
     return Log(pa.table(columns), split, train_pos_rate)
@@ -417,13 +420,21 @@ def _history_columns(
     }
 
 
-def _item_n_prior(item: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Ratings each row's item received strictly before the row's second, over all users."""
+def _item_priors(item: np.ndarray, ts: np.ndarray, label: np.ndarray, rate: float) -> dict[str, pa.Array]:
+    """Per row, over all users and strictly before the row's second: the ratings its item received
+    (``item_n_prior``) and the share of them that were positive, smoothed toward the train rate
+    (``item_pos_rate_prior``: the item's quality as known then)."""
     by_item = np.lexsort((ts, item))
     item_start, item_tie = _segment_starts(item[by_item], ts[by_item])
-    item_n_prior = np.empty(len(item), dtype=np.int64)
-    item_n_prior[by_item] = item_tie - item_start
-    return item_n_prior
+    pos_cum = np.concatenate([[0], np.cumsum(label[by_item], dtype=np.int64)])
+    n, pos = np.empty(len(item), np.int64), np.empty(len(item), np.int64)
+    n[by_item] = item_tie - item_start
+    pos[by_item] = pos_cum[item_tie] - pos_cum[item_start]
+    smoothed = (pos + PRIOR_STRENGTH * rate) / (n + PRIOR_STRENGTH)
+    return {
+        "item_n_prior": pa.array(n.astype(np.float32)),
+        "item_pos_rate_prior": pa.array(smoothed.astype(np.float32)),
+    }
 
 
 def dense_fields(train: pa.Table) -> list[DenseField]:
@@ -439,7 +450,17 @@ def dense_fields(train: pa.Table) -> list[DenseField]:
     return out
 
 
-def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table) -> FeatureSpec:
+MAX_GENRES = 4
+"""Genres an item token sums (``genre_ids``): 96% of the movies have at most four; the rest keep
+their first four, and the genres left out are counted when the side table loads."""
+MIN_USER_RATINGS = 5
+"""Train ratings a user needs for a ``user_id`` embedding row of its own; users with fewer share the
+OOV row (a bounded table: ``recformer data vocab``'s frequency cut-off)."""
+USER_VOCAB = "vocab/user_id.parquet"
+
+
+def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table, n_users: int) -> FeatureSpec:
+    """The spec of the written logs; ``n_users``: the rows of the fitted ``user_id`` vocabulary."""
     return FeatureSpec(
         label="label",
         group="user_id",
@@ -453,10 +474,11 @@ def make_spec(n_items: int, emb_dim: int, max_len: int, train: pa.Table) -> Feat
             content_dim=emb_dim,
             features=[
                 CategoricalField(name="year_bucket", vocab_size=N_YEAR_BUCKETS),
-                CategoricalField(name="first_genre", vocab_size=len(GENRES)),
+                CategoricalField(name="genre_ids", vocab_size=len(GENRES), max_values=MAX_GENRES),
             ],
         ),
         categorical=[
+            CategoricalField(name="user_id", vocab_file=USER_VOCAB, vocab_size=n_users),
             CategoricalField(name="hour", vocab_size=24),
             CategoricalField(name="dow", vocab_size=7),
         ],
@@ -527,7 +549,10 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
     out.mkdir(parents=True, exist_ok=True)
     write_splits(tables, out)
     _write(items, out / "items.parquet")
-    make_spec(items.num_rows, content_dim(items), max_len, tables["train"]).save(out / "spec.yaml")
+    n_users = fit_column(
+        sorted((out / "train").glob("*.parquet")), "user_id", out / USER_VOCAB, MIN_USER_RATINGS
+    )
+    make_spec(items.num_rows, content_dim(items), max_len, tables["train"], n_users).save(out / "spec.yaml")
     shutil.copyfile(licence, out / "README.txt")
     stats = {}
     for name, t in tables.items():

@@ -85,6 +85,13 @@ def keep(counts: pa.Table, min_count: int, max_size: int | None) -> pa.Table:
     return kept.slice(0, max_size) if max_size is not None else kept
 
 
+def fit_column(files: list[Path], column: str, path: Path, min_count: int = 1) -> int:
+    """Fit one column's vocabulary on ``files``, write it to ``path``; return its size."""
+    kept = keep(count_values(files, [column]), min_count, None)
+    write_vocab(path, kept)
+    return len(kept)
+
+
 def write_vocab(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd", **CHECKSUMS)
