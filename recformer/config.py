@@ -517,6 +517,10 @@ class RankerConfig:
     embedding_dropout: float = 0.0
     """Dropout on the token embeddings before the first block (on sparse-id rankers it regularises
     the embedding tables, which carry most of the parameters)."""
+    item_bias: bool = False
+    """A learned logit per target item added to the head's output: the first-order term of
+    FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
+    blocks need not carry, and the tokens model how it differs by user and context."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0

@@ -23,11 +23,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torchmetrics import Metric
 
 from recformer.__main__ import main as recformer_main
 from recformer.batch import DataError
+from recformer.callbacks.best import RestoreBest
 from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.cli import KNOWN_FALSE_ALARMS, cli_main
 from recformer.config import OptimConfig, RankerConfig
@@ -147,6 +148,47 @@ def test_last_ckpt_is_the_end_of_training_even_when_the_last_epoch_is_not_the_be
     last = torch.load(ckpts / "last.ckpt", weights_only=False)
     assert last["global_step"] == cli.trainer.global_step and last["epoch"] == 1
     assert sorted(p.name for p in ckpts.iterdir()) == sorted([best[0].name, "last.ckpt"])
+
+
+def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_data, tmp_path):
+    # The default trainer config stops on val/auc and restores the best weights ...
+    callbacks = yaml.safe_load((ROOT / "configs" / "trainer.yaml").read_text())["trainer"]["callbacks"]
+    stop = next(c for c in callbacks if c["class_path"].endswith("EarlyStopping"))
+    assert stop["init_args"] == {
+        "monitor": "val/auc",
+        "mode": "max",
+        "patience": 2,
+        "check_on_train_epoch_end": False,
+    }
+    assert any(c["class_path"] == "recformer.callbacks.best.RestoreBest" for c in callbacks)
+    # ... so with val/auc peaking at the first of five epochs, the fit stops after the third and
+    # ends holding the first epoch's weights, while last.ckpt keeps the latest state.
+    dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0)
+    best_cb = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/auc", mode="max")
+    last_cb = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="last")
+    es = EarlyStopping(**stop["init_args"])
+    cbs = [es, RestoreBest(), best_cb, last_cb]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=5,
+        callbacks=cbs,
+        logger=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    module = _module(dm)
+    auc = module.val_metrics["auc"]
+    real = auc.compute
+    auc.compute = lambda: real() * 0 + 0.9 - 0.1 * trainer.current_epoch  # what val/auc logs
+    trainer.fit(module, dm)
+    assert trainer.current_epoch == 3 and es.stopped_epoch == 2
+    best = torch.load(best_cb.best_model_path, weights_only=True)
+    assert best["epoch"] == 0
+    last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    now = module.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in best["state_dict"].items())
+    assert not all(torch.equal(now[k], v) for k, v in last["state_dict"].items())
 
 
 def test_item_content_is_in_the_checkpoint(tiny_data, tmp_path):

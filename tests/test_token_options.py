@@ -1,5 +1,5 @@
 """The ranker's token options (content as its own token, a token per dense feature, embedding
-dropout) and the embedding-row decay of the optimizer, against hand-written expectations."""
+dropout, a per-item bias) and the embedding-row decay of the optimizer, against hand-written expectations."""
 
 from __future__ import annotations
 
@@ -87,3 +87,16 @@ def test_embedding_decay_shrinks_the_touched_rows_only():
 def test_a_baseline_refuses_content_tokens_of_their_own():
     with pytest.raises(ValueError, match="set model.ranker.content_tokens=add"):
         build_model("deepfm", RankerConfig(d_model=16, n_heads=2, content_tokens="target"), tiny_dims())
+
+
+def test_the_item_bias_starts_at_zero_and_adds_one_learned_logit_per_target_item():
+    base, batch = _ranker()
+    ranker, _ = _ranker(item_bias=True)
+    torch.testing.assert_close(ranker(batch), base(batch))  # zero at init: the same model
+    assert ranker.param_kinds()["item_bias.weight"] == "embedding"  # no weight decay; row decay applies
+    with torch.no_grad():
+        ranker.item_bias.weight[batch.target_item[0], 0] = 2.0
+    with torch.no_grad():
+        moved = ranker(batch) - base(batch)
+    same = batch.target_item == batch.target_item[0]
+    torch.testing.assert_close(moved, torch.where(same, 2.0, 0.0))

@@ -4,6 +4,7 @@ side features, and string key columns carried into predictions."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -125,6 +126,19 @@ def test_a_cold_item_reads_the_oov_id_embedding_and_its_own_features(raw_data):
     V = dm.spec.item.vocab_size
     rows = torch.tensor([[1, V, V + 1, V + 2]])
     assert ranker.tokens._item_embedding_rows(rows).tolist() == [[1, V, 0, 0]]
+    # Every per-item id table does the same: the item bias and the popularity baseline's logit.
+    from recformer.model import build_model
+
+    biased = Ranker(RankerConfig(d_model=16, n_heads=2, item_bias=True), dm.feature_dims)
+    popularity = build_model("popularity", RankerConfig(), dm.feature_dims)
+    with torch.no_grad():
+        biased.item_bias.weight[:, 0] = torch.arange(float(V + 1))
+        popularity.item_logit.weight[:, 0] = torch.arange(float(V + 1))
+    batch = next(iter(dm.test_dataloader())).to("cpu")
+    batch = dataclasses.replace(batch, target_item=rows[0, : len(batch)].repeat(len(batch))[: len(batch)])
+    want = torch.tensor([1.0, V, 0.0, 0.0]).repeat(len(batch))[: len(batch)]
+    torch.testing.assert_close(popularity(batch) - popularity.bias, want)
+    torch.testing.assert_close(biased._with_bias(torch.zeros(len(batch)), batch), want)
 
 
 def test_string_keys_come_back_in_the_predictions(raw_data, tmp_path):

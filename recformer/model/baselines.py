@@ -35,7 +35,7 @@ from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops
 from recformer.model.blocks import PostNormBlock
-from recformer.model.embedding import FeatureTokenizer
+from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_tokens
 from recformer.model.protocol import BlockStats, ParamKind
 from recformer.optim import DEFAULT_RULES
@@ -78,7 +78,7 @@ class PopularityRanker(nn.Module):
         return []  # a table lookup and an add
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        return (self.item_logit(batch.target_item).squeeze(-1) + self.bias).float()
+        return (self.item_logit(item_id_rows(batch.target_item, self.dims)).squeeze(-1) + self.bias).float()
 
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats | None]:
         return self(batch), None

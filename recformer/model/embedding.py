@@ -331,10 +331,7 @@ class FeatureTokenizer(nn.Module):
         return [items_BSD[:, :L], c_BSD, items_BSD[:, L:]], torch.cat([batch.hist_mask, ones_B1], dim=1)
 
     def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
-        """Item rows as rows of the id embedding: a cold item's (past ``item_rows``) is the OOV row."""
-        if self.dims.item_side_rows == self.dims.item_rows:  # no cold items
-            return items_BS
-        return torch.where(items_BS < self.dims.item_rows, items_BS, 0)
+        return item_id_rows(items_BS, self.dims)
 
     def _rows(self, rows_BxV: torch.Tensor, offsets_V: torch.Tensor) -> torch.Tensor:
         """Per-field rows (-1 = no value) as rows of ``table`` (absent values: the padding row)."""
@@ -385,3 +382,11 @@ def _check_dims(dims: FeatureDims) -> None:
         )
     if dims.time_gap_buckets == 1:
         raise ValueError("FeatureDims.time_gap_buckets=1 leaves only the pad row; use 0 (no gaps) or >= 2")
+
+
+def item_id_rows(items: torch.Tensor, dims: FeatureDims) -> torch.Tensor:
+    """Item rows (of the side tables) as rows of an id-indexed item table: a cold item's (past
+    ``item_rows``) is the OOV row 0."""
+    if dims.item_side_rows == dims.item_rows:  # no cold items
+        return items
+    return torch.where(items < dims.item_rows, items, 0)

@@ -156,6 +156,9 @@ def init_weights(ranker: Ranker) -> set[str]:
     head.out.weight.zero_()
     head.out.bias.fill_(math.log(cfg.base_rate / (1.0 - cfg.base_rate)))
     done(head.hidden.weight, head.hidden.bias, head.out.weight, head.out.bias)
+    if ranker.item_bias is not None:  # zero: the head's bias holds the base rate alone
+        ranker.item_bias.weight.zero_()
+        done(ranker.item_bias.weight)
 
     missing = sorted(set(names.values()) - covered)
     if missing:

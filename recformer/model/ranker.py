@@ -23,7 +23,7 @@ from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops
 from recformer.model.blocks import NORMALISED_STREAM, make_block
-from recformer.model.embedding import FeatureTokenizer
+from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_weights
 from recformer.model.mup import readout_multiplier
 from recformer.model.norms import make_norm
@@ -81,6 +81,7 @@ class Ranker(nn.Module):
             nn.Identity() if cfg.norm_placement in NORMALISED_STREAM else make_norm(cfg.norm, cfg.d_model)
         )
         self.head = Head(cfg)
+        self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
         init_weights(self)
 
     @property
@@ -128,6 +129,8 @@ class Ranker(nn.Module):
                 continue
             elif name == "head.out.weight":
                 kinds[name] = "readout"
+            elif name == "item_bias.weight":
+                kinds[name] = "embedding"
             elif p.ndim == 1:
                 kinds[name] = "vector"
             elif p.ndim == 2:
@@ -145,7 +148,12 @@ class Ranker(nn.Module):
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
         # and MLP on R tokens instead of T); their keys and values still come from every token.
         z_BRD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
-        return self.head(self.final_norm(z_BRD)).float()
+        return self._with_bias(self.head(self.final_norm(z_BRD)), batch)
+
+    def _with_bias(self, logits_B: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.item_bias is not None:
+            logits_B = logits_B + self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1)
+        return logits_B.float()
 
     @torch.compiler.disable
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
@@ -170,7 +178,7 @@ class Ranker(nn.Module):
             hidden.append(y_BTD.detach())
             x_BTD = y_BTD
         # Select first, then normalise: the final norm is per token, so only the read tokens need it.
-        logits_B = self.head(self.final_norm(self.head.select(x_BTD))).float()
+        logits_B = self._with_bias(self.head(self.final_norm(self.head.select(x_BTD))), batch)
         stats = BlockStats(
             hidden, torch.stack(resid), torch.stack(logit_max), torch.stack(entropy), torch.stack(cos)
         )
