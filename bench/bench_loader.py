@@ -557,6 +557,12 @@ def main() -> None:
     a = p.parse_args()
     ensure_data(a.data, a.rows, a.max_len)
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in (a.data / "train").glob("*.parquet"))
+    if a.repeats > 0 and a.limit > 0.9 * total:
+        # The workers' CPU time is read from /proc when the pass ends: they must still be running.
+        p.error(
+            f"--limit={a.limit} must stay below 90% of the data's {total} train rows: a timed pass must "
+            "end mid-epoch"
+        )
     print(f"data: {a.data} ({total} train rows), timed passes of {a.limit} rows, {os.cpu_count()} cores")
 
     summary = throughput(a) if a.repeats > 0 else {}

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import fit_and_evaluate, paired_test, run  # noqa: E402
 
 SIZES = {
     # configs/model/small.yaml for both (dropout, norms, init, head width 16 the same); only the
@@ -45,6 +45,107 @@ SIZES = {
     "tiny": ["--model.ranker.d_model=16", "--model.ranker.n_heads=1"],
     "small": ["--model.ranker.d_model=64", "--model.ranker.n_heads=4"],
 }
+
+
+def run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def fit_and_evaluate(
+    arch: str,
+    seed: int,
+    epochs: int,
+    out: Path,
+    extra: list[str],
+    model: str = "configs/model/small.yaml",
+    data: str = "configs/data/movielens.yaml",
+    data_dir: str = "data/movielens",
+    name: str | None = None,
+) -> dict:
+    """``recformer fit`` then ``recformer evaluate`` on the best validation checkpoint (test split)."""
+    name = name or f"{arch}-seed{seed}"
+    logs = out / "runs"
+    loggers = out / f"{name}-loggers.yaml"
+    loggers.write_text(
+        "trainer:\n  logger:\n"
+        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {logs}, name: {name}}}\n"
+    )
+    start = time.perf_counter()
+    run(
+        [
+            sys.executable,
+            "-m",
+            "recformer",
+            "fit",
+            "--config",
+            model,
+            "--config",
+            data,
+            "--config",
+            str(loggers),
+            f"--data.data_dir={data_dir}",
+            f"--seed_everything={seed}",
+            f"--data.seed={seed}",
+            f"--model.arch={arch}",
+            f"--trainer.max_epochs={epochs}",
+            "--trainer.enable_progress_bar=false",
+            *extra,
+        ]
+    )
+    fit_s = time.perf_counter() - start
+    run_dir = max((logs / name).glob("version_*"), key=lambda p: p.stat().st_mtime)
+    best = [p for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    if len(best) != 1:
+        raise RuntimeError(f"expected one best checkpoint in {run_dir / 'checkpoints'}, found {best}")
+    result_path = run_dir / "eval-test.json"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "recformer",
+            "evaluate",
+            "--ckpt",
+            str(best[0]),
+            "--data",
+            data_dir,
+            "--out",
+            str(result_path),
+        ]
+    )
+    r = json.loads(result_path.read_text())
+    return {
+        "arch": arch,
+        "seed": seed,
+        "fit_seconds": round(fit_s, 1),
+        "checkpoint": str(best[0]),
+        **{
+            k: r[k]
+            for k in (
+                "auc",
+                "auc_lo",
+                "auc_hi",
+                "gauc",
+                "gauc_groups",
+                "logloss",
+                "ne",
+                "calibration",
+                "rows",
+            )
+        },
+    }
+
+
+def paired_test(ckpt: str, other: str, data_dir: str, path: Path) -> dict:
+    """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
+    run(
+        [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ckpt, "--compare", other]
+        + ["--data", data_dir, "--out", str(path)]
+    )
+    return json.loads(path.read_text())["compare"]
 
 
 def main() -> None:

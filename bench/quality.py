@@ -1,188 +1,253 @@
-"""Offline quality on the MovieLens temporal split: the Transformer against two baselines, 3 seeds.
+"""Offline quality on the MovieLens temporal split: recformer against the classic CTR models, each
+tuned alike on validation, then measured over seeds with paired tests on the same test rows.
 
-    python bench/quality.py                       # transformer, din, popularity x seeds 0 1 2
-    python bench/quality.py --archs transformer --seeds 0 --epochs 1
+    python bench/quality.py                                  # tune, final, throughput (hours on 2 cores)
+    python bench/quality.py --stage tune --archs deepfm bst  # a part of the grid
+    python bench/quality.py --stage final                    # the chosen settings, seeds 0 1 2
+    python bench/quality.py --stage throughput               # training samples/s, side by side
 
-Every run goes through the same CLI a user runs (``recformer fit`` then ``recformer evaluate`` on
-the best validation checkpoint), with configs/model/small.yaml and configs/data/movielens.yaml.
-Prints a table of test AUC (with its DeLong 95% interval), GAUC and logloss per run, and the mean
-and spread over seeds per architecture; writes everything as JSON.
+Every run goes through the CLI a user runs (``recformer fit``, ``recformer evaluate``), on
+``data/movielens`` as ``recformer data movielens`` writes it, with ``configs/data/movielens.yaml``.
+
+- ``tune``: every model gets the same budget, the grid of ``configs/quality/grid.yaml`` (learning
+  rates times one regularisation strength of its own), at seed 0. A point's score is its best
+  validation AUC over the epochs (the checkpoint kept); the best point is the model's chosen
+  setting, written with every point's validation scores to ``<out>/tuning.json`` and ``chosen.json``.
+  The test split is not read.
+- ``final``: each chosen setting at every ``--seeds`` seed: the best validation checkpoint's test AUC
+  with its DeLong 95% interval, GAUC, logloss (``recformer evaluate``), and the paired DeLong test of
+  AUC(transformer) - AUC(baseline) on the same test rows, per seed (``evaluate --compare``).
+- ``throughput``: training samples/s of every model at its chosen setting on the same batches,
+  steps interleaved model after model (machine noise hits all alike), medians, one thread each.
+
+Fits run ``--jobs`` at a time, each on one torch thread (OMP_NUM_THREADS=1).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
+import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
+DATA = "data/movielens"
 
 
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+def run(cmd: list[str], threads: int = 1) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
     return proc.stdout
 
 
-def fit_and_evaluate(
-    arch: str,
-    seed: int,
-    epochs: int,
-    out: Path,
-    extra: list[str],
-    model: str = "configs/model/small.yaml",
-    data: str = "configs/data/movielens.yaml",
-    data_dir: str = "data/movielens",
-    name: str | None = None,
-) -> dict:
-    """``recformer fit`` then ``recformer evaluate`` on the best validation checkpoint (test split)."""
-    name = name or f"{arch}-seed{seed}"
+def load_grid(path: Path) -> dict:
+    grid = yaml.safe_load(path.read_text())
+    for arch, m in grid["models"].items():
+        if not (ROOT / m["config"]).is_file():
+            raise FileNotFoundError(f"{path}: models.{arch}.config {m['config']} does not exist")
+    return grid
+
+
+def points(grid: dict, arch: str) -> list[dict[str, object]]:
+    """The grid's settings of ``arch``: every learning rate times every value of its regulariser."""
+    m = grid["models"][arch]
+    lrs = m.get("lr", grid["lr"])
+    knob, values = next(iter(m.get("regularisation", grid["regularisation"]).items()))
+    return [{"model.optim.lr": lr, knob: v} for lr in lrs for v in values]
+
+
+def name_of(arch: str, setting: dict[str, object], seed: int) -> str:
+    tag = "-".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in setting.items())
+    return f"{arch}-{tag}-seed{seed}"
+
+
+def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path) -> dict:
+    """``recformer fit`` of one point; its run folder, best validation scores and fit time."""
+    name = name_of(arch, setting, seed)
+    loggers = out / "loggers" / f"{name}.yaml"
+    loggers.parent.mkdir(parents=True, exist_ok=True)
     logs = out / "runs"
-    loggers = out / f"{name}-loggers.yaml"
     loggers.write_text(
-        "trainer:\n  logger:\n"
-        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {logs}, name: {name}}}\n"
+        "trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {logs}, name: {name}, version: 0}}\n"
     )
+    run_dir = logs / name / "version_0"
+    if (run_dir / "done.json").is_file():  # a finished point: kept (the stage resumes)
+        return json.loads((run_dir / "done.json").read_text())
     start = time.perf_counter()
-    run(
-        [
-            sys.executable,
-            "-m",
-            "recformer",
-            "fit",
-            "--config",
-            model,
-            "--config",
-            data,
-            "--config",
-            str(loggers),
-            f"--data.data_dir={data_dir}",
-            f"--seed_everything={seed}",
-            f"--data.seed={seed}",
-            f"--model.arch={arch}",
-            f"--trainer.max_epochs={epochs}",
-            "--trainer.enable_progress_bar=false",
-            *extra,
-        ]
-    )
-    fit_s = time.perf_counter() - start
-    run_dir = max((logs / name).glob("version_*"), key=lambda p: p.stat().st_mtime)
-    best = [p for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
-    if len(best) != 1:
-        raise RuntimeError(f"expected one best checkpoint in {run_dir / 'checkpoints'}, found {best}")
-    result_path = run_dir / "eval-test.json"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "recformer",
-            "evaluate",
-            "--ckpt",
-            str(best[0]),
-            "--data",
-            data_dir,
-            "--out",
-            str(result_path),
-        ]
-    )
-    r = json.loads(result_path.read_text())
-    return {
+    cmd = [sys.executable, "-m", "recformer", "fit", "--config", grid["models"][arch]["config"]]
+    cmd += ["--config", grid["data_config"], "--config", str(loggers), f"--data.data_dir={DATA}"]
+    cmd += [
+        f"--seed_everything={seed}",
+        f"--trainer.max_epochs={grid['epochs']}",
+        "--trainer.enable_progress_bar=false",
+    ]
+    cmd += [f"--{k}={v}" for k, v in setting.items()]
+    run(cmd)
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    val = [r for r in rows if r.get("val/auc")]
+    best = max(val, key=lambda r: float(r["val/auc"]))
+    ckpt = [p for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    result = {
         "arch": arch,
+        "setting": setting,
         "seed": seed,
-        "fit_seconds": round(fit_s, 1),
-        "checkpoint": str(best[0]),
-        **{
-            k: r[k]
-            for k in (
-                "auc",
-                "auc_lo",
-                "auc_hi",
-                "gauc",
-                "gauc_groups",
-                "logloss",
-                "ne",
-                "calibration",
-                "rows",
+        "run": str(run_dir),
+        "checkpoint": str(ckpt[0]),
+        "val_auc": float(best["val/auc"]),
+        "val_gauc": float(best["val/gauc"]),
+        "val_logloss": float(best["val/logloss"]),
+        "best_epoch": int(float(best["epoch"])),
+        "best_step": int(float(best["step"])),
+        "validations": len(val),
+        "best_validation": val.index(best) + 1,
+        "fit_seconds": round(time.perf_counter() - start, 1),
+    }
+    (run_dir / "done.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def parallel(jobs: int, calls: list[tuple]) -> list[dict]:
+    with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(fn, *args) for fn, *args in calls]
+        return [f.result() for f in futures]
+
+
+def tune(grid: dict, archs: list[str], out: Path, jobs: int) -> dict[str, dict]:
+    calls = [(fit, arch, grid, s, 0, out) for arch in archs for s in points(grid, arch)]
+    results = parallel(jobs, calls)
+    chosen = {}
+    for arch in archs:
+        mine = sorted((r for r in results if r["arch"] == arch), key=lambda r: -r["val_auc"])
+        chosen[arch] = mine[0]
+        print(f"\n{arch}: validation AUC per point (best first)")
+        for r in mine:
+            print(
+                f"  {json.dumps(r['setting'])}: AUC {r['val_auc']:.4f}  GAUC {r['val_gauc']:.4f}  "
+                f"best at validation {r['best_validation']}/{r['validations']} (step {r['best_step']})  "
+                f"({r['fit_seconds']:.0f} s)"
             )
-        },
+    _merge(out / "tuning.json", results)
+    _merge_dict(out / "chosen.json", {a: r["setting"] for a, r in chosen.items()})
+    return chosen
+
+
+def evaluate(r: dict, out: Path) -> dict:
+    path = Path(r["run"]) / "eval-test.json"
+    if not path.is_file():
+        run(
+            [
+                sys.executable,
+                "-m",
+                "recformer",
+                "evaluate",
+                "--ckpt",
+                r["checkpoint"],
+                "--data",
+                DATA,
+                "--out",
+                str(path),
+            ]
+        )
+    e = json.loads(path.read_text())
+    return {
+        **r,
+        **{k: e[k] for k in ("auc", "auc_lo", "auc_hi", "gauc", "logloss", "ne", "calibration", "rows")},
     }
 
 
-def paired_test(ckpt: str, other: str, data_dir: str, path: Path) -> dict:
-    """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
-    run(
-        [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ckpt, "--compare", other]
-        + ["--data", data_dir, "--out", str(path)]
-    )
+def paired(ref: dict, other: dict, out: Path) -> dict:
+    path = out / "paired" / f"{Path(ref['run']).parent.name}-vs-{Path(other['run']).parent.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        cmd = [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ref["checkpoint"], "--compare"]
+        run(cmd + [other["checkpoint"], "--data", DATA, "--out", str(path)])
     return json.loads(path.read_text())["compare"]
 
 
-def paired_tests(results: list[dict], out: Path, reference: str = "transformer") -> list[dict]:
-    """Paired DeLong test of AUC(reference) - AUC(baseline) on the same test rows, per seed."""
-    rows = []
+def final(grid: dict, archs: list[str], seeds: list[int], out: Path, jobs: int, reference: str) -> list[dict]:
+    chosen = json.loads((out / "chosen.json").read_text())
+    missing = [a for a in archs if a not in chosen]
+    if missing:
+        raise SystemExit(f"no chosen setting for {missing} in {out / 'chosen.json'}: run --stage tune first")
+    calls = [(fit, a, grid, chosen[a], s, out) for s in seeds for a in archs]
+    results = parallel(jobs, [(evaluate, r, out) for r in parallel(jobs, calls)])
+    _merge(out / "final.json", results)
+    tests = []
     for r in results:
-        if r["arch"] == reference:
+        if r["arch"] == reference or reference not in archs:
             continue
         ref = next(x for x in results if x["arch"] == reference and x["seed"] == r["seed"])
-        path = out / f"paired-{reference}-vs-{r['arch']}-seed{r['seed']}.json"
-        c = paired_test(ref["checkpoint"], r["checkpoint"], "data/movielens", path)
-        rows.append({"seed": r["seed"], "baseline": r["arch"], **c})
+        tests.append({"seed": r["seed"], "baseline": r["arch"], **paired(ref, r, out)})
+    (out / "paired.json").write_text(json.dumps(tests, indent=2))
+    report(results, tests, archs, reference)
+    return results
+
+
+def report(results: list[dict], tests: list[dict], archs: list[str], reference: str) -> None:
+    heads = ("AUC mean", "sd", "CI half", "GAUC", "GAUC min", "logloss")
+    print(f"\n{'model':15s} " + " ".join(f"{h:>9s}" for h in heads))
+    for arch in archs:
+        rs = [r for r in results if r["arch"] == arch]
+        aucs, gaucs = [r["auc"] for r in rs], [r["gauc"] for r in rs]
+        sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
+        half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
+        ll = statistics.mean(r["logloss"] for r in rs)
+        cells = (statistics.mean(aucs), sd, half, statistics.mean(gaucs), min(gaucs), ll)
+        print(f"{arch:15s} " + " ".join(f"{c:9.4f}" for c in cells))
+    for t in tests:
         print(
-            f"{reference} - {r['arch']:11s} seed {r['seed']}: AUC diff {c['diff']:+.4f} "
-            f"[{c['lo']:+.4f}, {c['hi']:+.4f}]  p = {c['p_value']:.2g}",
-            flush=True,
+            f"{reference} - {t['baseline']:15s} seed {t['seed']}: AUC {t['diff']:+.4f} "
+            f"[{t['lo']:+.4f}, {t['hi']:+.4f}]  p = {t['p_value']:.2g}"
         )
-    return rows
+
+
+def _merge(path: Path, rows: list[dict]) -> None:
+    """Rows into the JSON list at ``path``, a row per (arch, setting, seed), newest kept."""
+    old = json.loads(path.read_text()) if path.is_file() else []
+    key = lambda r: (r["arch"], json.dumps(r["setting"], sort_keys=True), r["seed"])
+    merged = {key(r): r for r in [*old, *rows]}
+    path.write_text(json.dumps(list(merged.values()), indent=2))
+
+
+def _merge_dict(path: Path, d: dict) -> None:
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**old, **d}, indent=2))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--archs", nargs="+", default=["transformer", "din", "popularity"])
+    p.add_argument("--stage", choices=["tune", "final", "throughput", "all"], default="all")
+    p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
+    p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=2, help="fits at a time, one torch thread each")
+    p.add_argument("--reference", default="transformer")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality")
-    p.add_argument("--paired-only", action="store_true", help="only the paired tests, on results.json")
-    p.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     a = p.parse_args()
+    grid = load_grid(a.grid)
+    archs = a.archs or list(grid["models"])
     a.out.mkdir(parents=True, exist_ok=True)
-    if a.paired_only:
-        results = json.loads((a.out / "results.json").read_text())
-        (a.out / "paired.json").write_text(json.dumps(paired_tests(results, a.out), indent=2))
-        return
-    # Always rebuilt (deterministic, ~2 s): a folder left by older code would be measured instead.
-    run([sys.executable, "-m", "recformer", "data", "movielens", "--out", "data/movielens"])
-    results = []
-    for seed in a.seeds:
-        for arch in a.archs:
-            r = fit_and_evaluate(arch, seed, a.epochs, a.out, a.extra)
-            results.append(r)
-            print(
-                f"{arch:12s} seed {seed}: AUC {r['auc']:.4f} [{r['auc_lo']:.4f}, {r['auc_hi']:.4f}]  "
-                f"GAUC {r['gauc']:.4f}  logloss {r['logloss']:.4f}  ({r['fit_seconds']:.0f} s)",
-                flush=True,
-            )
-            (a.out / "results.json").write_text(json.dumps(results, indent=2))
-    header = ["AUC mean", "sd", "CI half-width", "GAUC mean", "logloss"]
-    print(f"\n{'arch':12s} " + " ".join(f"{h:>9s}" for h in header))
-    for arch in a.archs:
-        rs = [r for r in results if r["arch"] == arch]
-        aucs = [r["auc"] for r in rs]
-        sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
-        half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
-        print(
-            f"{arch:12s} {statistics.mean(aucs):9.4f} {sd:7.4f} {half:14.4f} "
-            f"{statistics.mean(r['gauc'] for r in rs):10.4f} {statistics.mean(r['logloss'] for r in rs):8.4f}"
-        )
+    if not (ROOT / DATA / "spec.yaml").is_file():
+        run([sys.executable, "-m", "recformer", "data", "movielens", "--out", DATA])
+    if a.stage in ("tune", "all"):
+        tune(grid, archs, a.out, a.jobs)
+    if a.stage in ("final", "all"):
+        final(grid, archs, a.seeds, a.out, a.jobs, a.reference)
+    if a.stage in ("throughput", "all"):
+        from bench_throughput import main as throughput  # noqa: PLC0415 (the stage's own script)
 
-    if "transformer" in a.archs and len(a.archs) > 1:
-        print()
-        (a.out / "paired.json").write_text(json.dumps(paired_tests(results, a.out), indent=2))
+        throughput(["--chosen", str(a.out / "chosen.json"), "--archs", *archs])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,161 @@
+"""Training throughput of every ranker on the shipped MovieLens data, side by side in one run.
+
+    python bench/bench_throughput.py                            # the grid's models at their presets
+    python bench/bench_throughput.py --chosen bench/out/quality/chosen.json   # at the chosen settings
+    python bench/bench_throughput.py --archs transformer bst --steps 60
+
+Each row is one model (a preset of ``configs/quality/grid.yaml``, with its chosen learning rate and
+regulariser when ``--chosen`` is given), or the Transformer with one token option changed
+(``--options``: content tokens of their own, a token per dense feature), so each option's cost in
+tokens and time sits in the same table. Every model trains on the same ``--batch``-row batches of
+the train split, read once before timing; a step is what ``recformer fit`` runs per batch: forward,
+the weighted BCE loss, backward, the gradient-norm clip and non-finite check, touched-row embedding
+decay when set, the AdamW step. Steps run interleaved, one timed step of each model in turn, so
+machine noise hits them alike; the table reports median samples/s over the timed steps and the ratio
+to ``--reference`` (the Transformer), on ``--threads`` torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from recformer.config import FeatureSpec, OptimConfig, RankerConfig
+from recformer.data.datamodule import RecDataModule
+from recformer.model.mup import hidden_lr_multiplier
+from recformer.module import RankerModule
+from recformer.optim import build_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONS = {
+    "content=target": {"content_tokens": "target"},
+    "content=all": {"content_tokens": "all"},
+    "dense per feature": {"dense_per_feature": True},
+}
+"""Token options measured against the Transformer's own settings (name: ranker config changes)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
+    p.add_argument("--chosen", type=Path, default=None, help="chosen.json of bench/quality.py --stage tune")
+    p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
+    p.add_argument("--options", nargs="*", default=list(OPTIONS), choices=list(OPTIONS))
+    p.add_argument("--reference", default="transformer")
+    p.add_argument("--data", type=Path, default=ROOT / "data" / "movielens")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=40, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per model first")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None, help="JSON results")
+    return p.parse_args(argv)
+
+
+def _merge(into: dict, more: dict) -> dict:
+    for k, v in more.items():
+        into[k] = _merge(into.get(k, {}), v) if isinstance(v, dict) else v
+    return into
+
+
+def model_settings(config: Path, data_config: Path, setting: dict[str, object]) -> dict:
+    """The ``model:`` section ``recformer fit --config config --config data_config --k=v ...`` sees."""
+    model: dict = {}
+    for path in (config, data_config):
+        _merge(model, (yaml.safe_load((ROOT / path).read_text()) or {}).get("model", {}))
+    for dotted, value in setting.items():
+        *parents, leaf = dotted.split(".")[1:]  # "model.optim.lr" -> model["optim"]["lr"]
+        node = model
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return model
+
+
+def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Optimizer]:
+    module = RankerModule(
+        ranker=RankerConfig(**model.get("ranker", {})),
+        optim=OptimConfig(**model.get("optim", {})),
+        dims=dm.feature_dims,
+        arch=model.get("arch", "transformer"),
+    )
+    module.ranker.set_item_tables(*dm.item_tables())
+    # The module's own optimizer (groups, LR multipliers); no schedule: the LR does not change cost.
+    optimizer = build_optimizer(
+        module.ranker,
+        module.ranker.param_kinds(),
+        module.optim_cfg,
+        hidden_lr_mult=hidden_lr_multiplier(module.ranker.cfg),
+        rules=module.ranker.optimizer_rules,
+    )
+    return module.train(), optimizer
+
+
+def step(module: RankerModule, optimizer: torch.optim.Optimizer, batch) -> None:
+    """One training step as ``recformer fit`` runs it (module.py: _shared_step's loss, then
+    configure_gradient_clipping, then the optimizer)."""
+    logits_B = module.ranker(batch).float()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_B, batch.label, weight=batch.weight)
+    loss = loss * len(batch) / batch.weight.sum().clamp_min(1e-12)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    module.configure_gradient_clipping(optimizer)
+    optimizer.step()
+
+
+def variants(a: argparse.Namespace) -> dict[str, dict]:
+    grid = yaml.safe_load(a.grid.read_text())
+    chosen = json.loads(a.chosen.read_text()) if a.chosen else {}
+    archs = a.archs or list(grid["models"])
+    data_config = Path(grid["data_config"])
+    out = {}
+    for arch in archs:
+        out[arch] = model_settings(Path(grid["models"][arch]["config"]), data_config, chosen.get(arch, {}))
+    if a.reference in out:
+        for name in a.options:
+            model = json.loads(json.dumps(out[a.reference]))
+            model.setdefault("ranker", {}).update(OPTIONS[name])
+            out[f"{a.reference} {name}"] = model
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    FeatureSpec.load(a.data / "spec.yaml")  # a clear error when the data is not there
+    dm = RecDataModule(str(a.data), batch_size=a.batch, num_workers=0)
+    dm.setup("fit")
+    loader = iter(dm.train_dataloader())
+    batches = [next(loader).to("cpu") for _ in range(a.warmup + a.steps)]  # widens the ids, as fit does
+    models = {name: build(m, dm) for name, m in variants(a).items()}
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for i, batch in enumerate(batches):
+        for name, (module, optimizer) in models.items():
+            start = time.perf_counter()
+            step(module, optimizer, batch)
+            if i >= a.warmup:
+                seconds[name].append(time.perf_counter() - start)
+    ref = statistics.median(seconds[a.reference]) if a.reference in seconds else None
+    rows = {}
+    print(f"{'model':32s} {'tokens':>6s} {'params':>9s} {'samples/s':>10s} {'vs ' + a.reference:>16s}")
+    for name, (module, _) in models.items():
+        med = statistics.median(seconds[name])
+        n_params = sum(p.numel() for p in module.parameters())
+        ratio = ref / med if ref else float("nan")
+        rows[name] = {"samples_per_s": a.batch / med, "tokens": module.ranker.n_tokens, "params": n_params}
+        rows[name]["vs_reference"] = ratio
+        print(f"{name:32s} {module.ranker.n_tokens:6d} {n_params:9d} {a.batch / med:10.0f} {ratio:15.2f}x")
+    result = {"batch": a.batch, "steps": a.steps, "threads": a.threads, "models": rows}
+    if a.out:
+        a.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
