@@ -131,8 +131,12 @@ def main(argv: list[str] | None = None) -> dict:
     FeatureSpec.load(a.data / "spec.yaml")  # a clear error when the data is not there
     dm = RecDataModule(str(a.data), batch_size=a.batch, num_workers=0)
     dm.setup("fit")
-    loader = iter(dm.train_dataloader())
-    batches = [next(loader).to("cpu") for _ in range(a.warmup + a.steps)]  # widens the ids, as fit does
+    batches: list = []
+    while len(batches) < a.warmup + a.steps:  # a small split is read again from its start
+        for batch in dm.train_dataloader():
+            batches.append(batch.to("cpu"))  # widens the ids, as fit does
+            if len(batches) == a.warmup + a.steps:
+                break
     models = {name: build(m, dm) for name, m in variants(a).items()}
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):

@@ -6,15 +6,16 @@
 For each ``--order`` one synthetic dataset is written (the same seed, factors, noise and sizes
 otherwise; ``recformer data synth``), then two rankers of the same architecture are trained on it
 through the CLI a user runs and evaluated on its test split from their best validation checkpoint
-(``bench/quality.py``'s ``fit_and_evaluate``): ``configs/model/small.yaml`` at width 16 ("tiny",
+(``bench/cli_runs.py``): ``configs/model/small.yaml`` at width 16 ("tiny",
 one head) and at its own width 64 ("small", four heads), nothing else changed. The paired DeLong
 test of AUC(small) - AUC(tiny) on the same test rows says whether the bigger one is ahead. Order 1
 puts only biases and context in the label, so both should tie; order 4 adds three- and four-way
 user x item x context interactions, which the wider model should fit better. Prints one row per
 order and writes results.json.
 
-Measured 2026-11-30 on the 2-core dev machine, the defaults (200k training rows, 20k users, 5k items,
-K=16, noise 0.5, 50-event histories, 2 epochs; 12 minutes):
+Measured 2026-11-30 on the 2-core dev machine (small.yaml then had RMSNorm and dropout 0.1), the
+defaults (200k training rows, 20k users, 5k items, K=16, noise 0.5, 50-event histories, 2 epochs;
+12 minutes):
 
 | --order | tiny AUC | small AUC | small - tiny (paired DeLong 95% CI) | p |
 | --- | --- | --- | --- | --- |
@@ -31,10 +32,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import cli_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,105 +48,15 @@ SIZES = {
 }
 
 
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
-def fit_and_evaluate(
-    arch: str,
-    seed: int,
-    epochs: int,
-    out: Path,
-    extra: list[str],
-    model: str = "configs/model/small.yaml",
-    data: str = "configs/data/movielens.yaml",
-    data_dir: str = "data/movielens",
-    name: str | None = None,
-) -> dict:
-    """``recformer fit`` then ``recformer evaluate`` on the best validation checkpoint (test split)."""
-    name = name or f"{arch}-seed{seed}"
-    logs = out / "runs"
-    loggers = out / f"{name}-loggers.yaml"
-    loggers.write_text(
-        "trainer:\n  logger:\n"
-        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {logs}, name: {name}}}\n"
-    )
-    start = time.perf_counter()
-    run(
-        [
-            sys.executable,
-            "-m",
-            "recformer",
-            "fit",
-            "--config",
-            model,
-            "--config",
-            data,
-            "--config",
-            str(loggers),
-            f"--data.data_dir={data_dir}",
-            f"--seed_everything={seed}",
-            f"--data.seed={seed}",
-            f"--model.arch={arch}",
-            f"--trainer.max_epochs={epochs}",
-            "--trainer.enable_progress_bar=false",
-            *extra,
-        ]
-    )
-    fit_s = time.perf_counter() - start
-    run_dir = max((logs / name).glob("version_*"), key=lambda p: p.stat().st_mtime)
-    best = [p for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
-    if len(best) != 1:
-        raise RuntimeError(f"expected one best checkpoint in {run_dir / 'checkpoints'}, found {best}")
-    result_path = run_dir / "eval-test.json"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "recformer",
-            "evaluate",
-            "--ckpt",
-            str(best[0]),
-            "--data",
-            data_dir,
-            "--out",
-            str(result_path),
-        ]
-    )
-    r = json.loads(result_path.read_text())
-    return {
-        "arch": arch,
-        "seed": seed,
-        "fit_seconds": round(fit_s, 1),
-        "checkpoint": str(best[0]),
-        **{
-            k: r[k]
-            for k in (
-                "auc",
-                "auc_lo",
-                "auc_hi",
-                "gauc",
-                "gauc_groups",
-                "logloss",
-                "ne",
-                "calibration",
-                "rows",
-            )
-        },
-    }
-
-
-def paired_test(ckpt: str, other: str, data_dir: str, path: Path) -> dict:
-    """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
-    run(
-        [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ckpt, "--compare", other]
-        + ["--data", data_dir, "--out", str(path)]
-    )
-    return json.loads(path.read_text())["compare"]
+def fit_and_evaluate(name: str, seed: int, epochs: int, out: Path, extra: list[str], data_dir: str) -> dict:
+    """``recformer fit`` of small.yaml on the synthetic data, then ``recformer evaluate`` of its best
+    validation checkpoint on the test split."""
+    configs = ["configs/model/small.yaml", "configs/data/synthetic.yaml"]
+    args = [f"--data.data_dir={data_dir}", f"--seed_everything={seed}", f"--trainer.max_epochs={epochs}"]
+    run_dir, seconds = cli_runs.fit(configs, args + extra, out / "runs", name)
+    ckpt = cli_runs.best_checkpoint(run_dir)
+    metrics = cli_runs.evaluate(ckpt, data_dir, run_dir / "eval-test.json")
+    return {"seed": seed, "fit_seconds": round(seconds, 1), "checkpoint": str(ckpt), **metrics}
 
 
 def main() -> None:
@@ -163,7 +74,7 @@ def main() -> None:
     results = []
     for order in a.orders:
         data_dir = a.out / f"data-order{order}"
-        run(
+        cli_runs.run(
             [sys.executable, "-m", "recformer", "data", "synth", "--out", str(data_dir)]
             + ["--rows", str(a.rows), "--order", str(order), "--factors", str(a.factors)]
             + ["--noise", str(a.noise), "--max-len", str(a.max_len), "--seed", str(a.seed)]
@@ -174,19 +85,11 @@ def main() -> None:
         warmup = [f"--model.optim.warmup_steps={max(1, min(100, steps // 10))}"]
         runs = {}
         for size, width in SIZES.items():
-            runs[size] = fit_and_evaluate(
-                "transformer",
-                a.seed,
-                a.epochs,
-                a.out,
-                warmup + width,
-                model="configs/model/small.yaml",
-                data="configs/data/synthetic.yaml",
-                data_dir=str(data_dir),
-                name=f"order{order}-{size}",
-            )
+            name = f"order{order}-{size}"
+            runs[size] = fit_and_evaluate(name, a.seed, a.epochs, a.out, warmup + width, str(data_dir))
         path = a.out / f"paired-order{order}.json"
-        c = paired_test(runs["small"]["checkpoint"], runs["tiny"]["checkpoint"], str(data_dir), path)
+        small, tiny = Path(runs["small"]["checkpoint"]), Path(runs["tiny"]["checkpoint"])
+        c = cli_runs.paired(small, tiny, str(data_dir), path)
         row = {"order": order, "tiny": runs["tiny"], "small": runs["small"], "small_minus_tiny": c}
         results.append(row)
         (a.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -7,18 +7,20 @@ tuned alike on validation, then measured over seeds with paired tests on the sam
     python bench/quality.py --stage throughput               # training samples/s, side by side
 
 Every run goes through the CLI a user runs (``recformer fit``, ``recformer evaluate``), on
-``data/movielens`` as ``recformer data movielens`` writes it, with ``configs/data/movielens.yaml``.
+the grid's ``data_dir`` (``data/movielens`` as ``recformer data movielens`` writes it) with its
+``data_config`` (``configs/data/movielens.yaml``).
 
 - ``tune``: every model gets the same budget, the grid of ``configs/quality/grid.yaml`` (learning
-  rates times one regularisation strength of its own), at seed 0. A point's score is its best
+  rates times the values of one regulariser), at seed 0. A point's score is its best
   validation AUC over the epochs (the checkpoint kept); the best point is the model's chosen
   setting, written with every point's validation scores to ``<out>/tuning.json`` and ``chosen.json``.
   The test split is not read.
 - ``final``: each chosen setting at every ``--seeds`` seed: the best validation checkpoint's test AUC
   with its DeLong 95% interval, GAUC, logloss (``recformer evaluate``), and the paired DeLong test of
   AUC(transformer) - AUC(baseline) on the same test rows, per seed (``evaluate --compare``).
-- ``throughput``: training samples/s of every model at its chosen setting on the same batches,
-  steps interleaved model after model (machine noise hits all alike), medians, one thread each.
+- ``throughput``: training samples/s of every model at its chosen setting and of the Transformer's
+  token options, on the same batches, steps interleaved model after model (machine noise hits all
+  alike), medians, on both cores (``bench/bench_throughput.py``).
 
 Fits run ``--jobs`` at a time, each on one torch thread (OMP_NUM_THREADS=1).
 """
@@ -29,25 +31,14 @@ import argparse
 import concurrent.futures as cf
 import csv
 import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+import cli_runs
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = "data/movielens"
-
-
-def run(cmd: list[str], threads: int = 1) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout
 
 
 def load_grid(path: Path) -> dict:
@@ -72,38 +63,29 @@ def name_of(arch: str, setting: dict[str, object], seed: int) -> str:
 
 
 def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path) -> dict:
-    """``recformer fit`` of one point; its run folder, best validation scores and fit time."""
+    """``recformer fit`` of one point, one torch thread; its run folder, best validation scores and
+    fit time (kept in ``done.json``: a finished point is not run again, so a stage resumes)."""
     name = name_of(arch, setting, seed)
-    loggers = out / "loggers" / f"{name}.yaml"
-    loggers.parent.mkdir(parents=True, exist_ok=True)
-    logs = out / "runs"
-    loggers.write_text(
-        "trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {logs}, name: {name}, version: 0}}\n"
-    )
-    run_dir = logs / name / "version_0"
-    if (run_dir / "done.json").is_file():  # a finished point: kept (the stage resumes)
+    run_dir = out / "runs" / name / "version_0"
+    if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
-    start = time.perf_counter()
-    cmd = [sys.executable, "-m", "recformer", "fit", "--config", grid["models"][arch]["config"]]
-    cmd += ["--config", grid["data_config"], "--config", str(loggers), f"--data.data_dir={DATA}"]
-    cmd += [
+    args = [
+        f"--data.data_dir={grid['data_dir']}",
         f"--seed_everything={seed}",
         f"--trainer.max_epochs={grid['epochs']}",
-        "--trainer.enable_progress_bar=false",
     ]
-    cmd += [f"--{k}={v}" for k, v in setting.items()]
-    run(cmd)
+    args += [f"--{k}={v}" for k, v in setting.items()]
+    configs = [grid["models"][arch]["config"], grid["data_config"]]
+    run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     val = [r for r in rows if r.get("val/auc")]
     best = max(val, key=lambda r: float(r["val/auc"]))
-    ckpt = [p for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
     result = {
         "arch": arch,
         "setting": setting,
         "seed": seed,
         "run": str(run_dir),
-        "checkpoint": str(ckpt[0]),
+        "checkpoint": str(cli_runs.best_checkpoint(run_dir)),
         "val_auc": float(best["val/auc"]),
         "val_gauc": float(best["val/gauc"]),
         "val_logloss": float(best["val/logloss"]),
@@ -111,7 +93,7 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
         "best_step": int(float(best["step"])),
         "validations": len(val),
         "best_validation": val.index(best) + 1,
-        "fit_seconds": round(time.perf_counter() - start, 1),
+        "fit_seconds": round(seconds, 1),
     }
     (run_dir / "done.json").write_text(json.dumps(result, indent=2))
     return result
@@ -142,37 +124,13 @@ def tune(grid: dict, archs: list[str], out: Path, jobs: int) -> dict[str, dict]:
     return chosen
 
 
-def evaluate(r: dict, out: Path) -> dict:
-    path = Path(r["run"]) / "eval-test.json"
-    if not path.is_file():
-        run(
-            [
-                sys.executable,
-                "-m",
-                "recformer",
-                "evaluate",
-                "--ckpt",
-                r["checkpoint"],
-                "--data",
-                DATA,
-                "--out",
-                str(path),
-            ]
-        )
-    e = json.loads(path.read_text())
-    return {
-        **r,
-        **{k: e[k] for k in ("auc", "auc_lo", "auc_hi", "gauc", "logloss", "ne", "calibration", "rows")},
-    }
+def evaluate(r: dict, data: str) -> dict:
+    return {**r, **cli_runs.evaluate(Path(r["checkpoint"]), data, Path(r["run"]) / "eval-test.json")}
 
 
-def paired(ref: dict, other: dict, out: Path) -> dict:
+def paired(ref: dict, other: dict, out: Path, data: str) -> dict:
     path = out / "paired" / f"{Path(ref['run']).parent.name}-vs-{Path(other['run']).parent.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_file():
-        cmd = [sys.executable, "-m", "recformer", "evaluate", "--ckpt", ref["checkpoint"], "--compare"]
-        run(cmd + [other["checkpoint"], "--data", DATA, "--out", str(path)])
-    return json.loads(path.read_text())["compare"]
+    return cli_runs.paired(Path(ref["checkpoint"]), Path(other["checkpoint"]), data, path)
 
 
 def final(grid: dict, archs: list[str], seeds: list[int], out: Path, jobs: int, reference: str) -> list[dict]:
@@ -181,14 +139,14 @@ def final(grid: dict, archs: list[str], seeds: list[int], out: Path, jobs: int, 
     if missing:
         raise SystemExit(f"no chosen setting for {missing} in {out / 'chosen.json'}: run --stage tune first")
     calls = [(fit, a, grid, chosen[a], s, out) for s in seeds for a in archs]
-    results = parallel(jobs, [(evaluate, r, out) for r in parallel(jobs, calls)])
+    results = parallel(jobs, [(evaluate, r, grid["data_dir"]) for r in parallel(jobs, calls)])
     _merge(out / "final.json", results)
     tests = []
     for r in results:
         if r["arch"] == reference or reference not in archs:
             continue
         ref = next(x for x in results if x["arch"] == reference and x["seed"] == r["seed"])
-        tests.append({"seed": r["seed"], "baseline": r["arch"], **paired(ref, r, out)})
+        tests.append({"seed": r["seed"], "baseline": r["arch"], **paired(ref, r, out, grid["data_dir"])})
     (out / "paired.json").write_text(json.dumps(tests, indent=2))
     report(results, tests, archs, reference)
     return results
@@ -238,8 +196,8 @@ def main() -> None:
     grid = load_grid(a.grid)
     archs = a.archs or list(grid["models"])
     a.out.mkdir(parents=True, exist_ok=True)
-    if not (ROOT / DATA / "spec.yaml").is_file():
-        run([sys.executable, "-m", "recformer", "data", "movielens", "--out", DATA])
+    if grid["data_dir"] == "data/movielens" and not (ROOT / "data/movielens/spec.yaml").is_file():
+        cli_runs.run([sys.executable, "-m", "recformer", "data", "movielens", "--out", "data/movielens"])
     if a.stage in ("tune", "all"):
         tune(grid, archs, a.out, a.jobs)
     if a.stage in ("final", "all"):
@@ -247,7 +205,10 @@ def main() -> None:
     if a.stage in ("throughput", "all"):
         from bench_throughput import main as throughput  # noqa: PLC0415 (the stage's own script)
 
-        throughput(["--chosen", str(a.out / "chosen.json"), "--archs", *archs])
+        throughput(
+            ["--grid", str(a.grid), "--chosen", str(a.out / "chosen.json"), "--archs", *archs]
+            + ["--data", str(ROOT / grid["data_dir"]), "--out", str(a.out / "throughput.json")]
+        )
 
 
 if __name__ == "__main__":
