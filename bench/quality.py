@@ -5,6 +5,7 @@ tuned alike on validation, then measured over seeds with paired tests on the sam
     python bench/quality.py --stage tune --archs deepfm bst  # a part of the grid
     python bench/quality.py --stage final                    # the chosen settings, seeds 0 1 2
     python bench/quality.py --stage throughput               # training samples/s, side by side
+    python bench/quality.py --stage report                   # the README table, from the JSON files
 
 Every run goes through the CLI a user runs (``recformer fit``, ``recformer evaluate``), on
 the grid's ``data_dir`` (``data/movielens`` as ``recformer data movielens`` writes it) with its
@@ -170,6 +171,46 @@ def report(results: list[dict], tests: list[dict], archs: list[str], reference: 
         )
 
 
+def markdown(out: Path, archs: list[str], reference: str) -> str:
+    """The README's quality table from the stages' JSON files (``--stage report``)."""
+    final_rows = json.loads((out / "final.json").read_text())
+    tests = json.loads((out / "paired.json").read_text())
+    chosen = json.loads((out / "chosen.json").read_text())
+    tuned = json.loads((out / "tuning.json").read_text())
+    speed = (
+        json.loads((out / "throughput.json").read_text())["models"]
+        if (out / "throughput.json").is_file()
+        else {}
+    )
+    lines = [
+        "| model | chosen on validation | val AUC | test AUC (mean ± sd) | CI half-width | GAUC mean (min) "
+        "| logloss | train samples/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for arch in archs:
+        rs = [r for r in final_rows if r["arch"] == arch]
+        aucs, gaucs = [r["auc"] for r in rs], [r["gauc"] for r in rs]
+        sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
+        half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
+        setting = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in chosen[arch].items())
+        val = max(r["val_auc"] for r in tuned if r["arch"] == arch and r["setting"] == chosen[arch])
+        sps = f"{speed[arch]['samples_per_s']:,.0f}" if arch in speed else "-"
+        ll = statistics.mean(r["logloss"] for r in rs)
+        lines.append(
+            f"| {arch} | {setting} | {val:.4f} | {statistics.mean(aucs):.4f} ± {sd:.4f} | {half:.4f} "
+            f"| {statistics.mean(gaucs):.4f} ({min(gaucs):.4f}) | {ll:.4f} | {sps} |"
+        )
+    lines += ["", f"Paired DeLong tests, AUC({reference}) - AUC(baseline), on the same test rows:", ""]
+    for t in tests:
+        lines.append(
+            f"- {t['baseline']}, seed {t['seed']}: {t['diff']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}], "
+            f"p = {t['p_value']:.2g}"
+        )
+    text = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(text)
+    return text
+
+
 def _merge(path: Path, rows: list[dict]) -> None:
     """Rows into the JSON list at ``path``, a row per (arch, setting, seed), newest kept."""
     old = json.loads(path.read_text()) if path.is_file() else []
@@ -185,7 +226,7 @@ def _merge_dict(path: Path, d: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stage", choices=["tune", "final", "throughput", "all"], default="all")
+    p.add_argument("--stage", choices=["tune", "final", "throughput", "report", "all"], default="all")
     p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
     p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -209,6 +250,8 @@ def main() -> None:
             ["--grid", str(a.grid), "--chosen", str(a.out / "chosen.json"), "--archs", *archs]
             + ["--data", str(ROOT / grid["data_dir"]), "--out", str(a.out / "throughput.json")]
         )
+    if a.stage in ("report", "all"):
+        print("\n" + markdown(a.out, archs, a.reference))
 
 
 if __name__ == "__main__":

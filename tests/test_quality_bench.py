@@ -62,6 +62,8 @@ def test_quality_bench_tunes_on_validation_then_tests_the_chosen_settings_over_s
     throughput = json.loads((out / "throughput.json").read_text())["models"]
     assert {"transformer", "popularity", "transformer content=target"} <= set(throughput)
     assert "transformer - popularity" in proc.stdout and "samples/s" in proc.stdout
+    table = (out / "report.md").read_text()  # the README's table, also printed
+    assert table in proc.stdout and "| transformer | lr " in table and "- popularity, seed 1: " in table
 
 
 def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path):
