@@ -28,9 +28,7 @@ import yaml
 
 from recformer.config import FeatureSpec, OptimConfig, RankerConfig
 from recformer.data.datamodule import RecDataModule
-from recformer.model.mup import hidden_lr_multiplier
 from recformer.module import RankerModule
-from recformer.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = {
@@ -85,14 +83,7 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
         arch=model.get("arch", "transformer"),
     )
     module.ranker.set_item_tables(*dm.item_tables())
-    # The module's own optimizer (groups, LR multipliers); no schedule: the LR does not change cost.
-    optimizer = build_optimizer(
-        module.ranker,
-        module.ranker.param_kinds(),
-        module.optim_cfg,
-        hidden_lr_mult=hidden_lr_multiplier(module.ranker.cfg),
-        rules=module.ranker.optimizer_rules,
-    )
+    optimizer = module.make_optimizer()  # the module's own groups; no schedule: LR does not change cost
     return module.train(), optimizer
 
 

@@ -343,20 +343,24 @@ class RankerModule(pl.LightningModule):
             )
 
     # -- optimizer -----------------------------------------------------------------------------
+    def make_optimizer(self, fused: bool | None = None) -> torch.optim.Optimizer:
+        """AdamW over the ranker's parameter groups (kinds, rules, muP's hidden LR multiplier)."""
+        return build_optimizer(
+            self.ranker,
+            self.ranker.param_kinds(),
+            self.optim_cfg,
+            hidden_lr_mult=hidden_lr_multiplier(self.ranker.cfg),
+            rules=self.ranker.optimizer_rules,
+            fused=fused,
+        )
+
     def configure_optimizers(self) -> dict[str, Any]:
         # fp16 with a GradScaler: Lightning leaves a fused AdamW to unscale inside its step, after
         # on_before_optimizer_step, where this module clips and checks gradients and the health
         # callbacks read them: they would see gradients times the loss scale. Unfused, Lightning
         # unscales first. (bf16 and fp32 have no scaler.)
         precision = str(self.trainer.precision) if self._trainer is not None else ""
-        optimizer = build_optimizer(
-            self.ranker,
-            self.ranker.param_kinds(),
-            self.optim_cfg,
-            hidden_lr_mult=hidden_lr_multiplier(self.ranker.cfg),
-            rules=self.ranker.optimizer_rules,
-            fused=False if precision.startswith("16") else None,
-        )
+        optimizer = self.make_optimizer(fused=False if precision.startswith("16") else None)
         for line in describe_groups(optimizer.param_groups):
             log.info(line)
         # May be inf (no max_steps / max_epochs): build_scheduler says what to set unless constant.
