@@ -39,16 +39,17 @@ def data_main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
-USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor} ...
+USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab} ...
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
   data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab
   evaluate                      offline exact metrics of a checkpoint on a split
   doctor                        read a run's internal metrics and name its failure
+  lab                           scaling-lab grids of runs: list, run GRID, report DIR
 """
 
 
-COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor")
+COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
         from recformer.doctor import main as doctor_main
 
         return int(doctor_main(argv[1:]) or 0)
+    if argv[0] == "lab":
+        from recformer.lab import main as lab_main
+
+        try:
+            return lab_main(argv[1:])
+        except (FileNotFoundError, ValueError) as e:  # a bad grid name, file or setting
+            if _traceback_wanted():
+                raise
+            return _one_line("recformer lab", str(e))
     from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
     from recformer.callbacks.preemption import EXIT_SIGTERM

@@ -30,3 +30,15 @@ class HugeWeightsAt(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
             batch.weight[:2] = 3.0e38
+
+
+class HugeWeightsFrom(pl.Callback):
+    """``HugeWeightsAt`` at every step from ``step`` on: every loss is NaN, so the module skips each
+    step until ``optim.max_nonfinite_steps`` in a row stop the run as diverged."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            batch.weight[:2] = 3.0e38

@@ -102,13 +102,14 @@ def read_metrics(run: Path) -> list[dict[str, str]]:
 def test_top_level_help_names_every_command(capsys):
     assert recformer_main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("fit", "validate", "test", "predict", "data", "evaluate", "doctor"):
+    for command in ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab"):
         assert command in out
     assert recformer_main([]) == 2  # no command: the same usage, on stderr
     assert "doctor" in capsys.readouterr().err
     assert recformer_main(["foo"]) == 2  # LightningCLI's own error named only its four
-    assert "unknown command 'foo'; expected one of fit, validate, test, predict, data, evaluate, doctor" in (
-        capsys.readouterr().err
+    assert (
+        "unknown command 'foo'; expected one of fit, validate, test, predict, data, evaluate, doctor, lab"
+        in (capsys.readouterr().err)
     )
 
 

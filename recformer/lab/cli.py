@@ -1,0 +1,58 @@
+"""``recformer lab list | run GRID [--size smoke|full] [--out DIR] [--jobs N] | report DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from recformer.lab.grids import list_grids, load_grid
+from recformer.lab.report import report
+from recformer.lab.runner import run_grid
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="recformer lab", description="Scaling-lab grids of recformer runs.")
+    sub = p.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the grids in configs/lab/, with their sizes")
+    run = sub.add_parser("run", help="run a grid (finished points are kept), then write its report")
+    run.add_argument("grid", help="a grid name (configs/lab/NAME.yaml) or a grid file")
+    run.add_argument("--size", default="smoke", help="the grid size (default: smoke)")
+    run.add_argument("--out", type=Path, default=None, help="default: runs/lab/<grid>-<size>")
+    run.add_argument("--jobs", type=int, default=1, help="points at a time (each gets cores / jobs threads)")
+    rep = sub.add_parser("report", help="write results.csv, results.md and the plots of a grid's folder")
+    rep.add_argument("out", type=Path)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    if a.action == "list":
+        for name, description, sizes in list_grids():
+            print(f"{name:12s} [{', '.join(sizes)}]  {description.splitlines()[0] if description else ''}")
+        return 0
+    if a.action == "report":
+        meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
+        for path in report(a.out, meta.get("plots", []), meta.get("title", a.out.name)):
+            print(path)
+        return 0
+    if a.jobs < 1:
+        raise ValueError(f"--jobs={a.jobs}; expected an integer >= 1")
+    grid = load_grid(a.grid, a.size)
+    out = a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}"
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"lab {grid.name} ({grid.size})"
+    (out / "grid.json").write_text(
+        json.dumps({"title": title, "plots": grid.plots, **grid.__dict__}, indent=2)
+    )
+    print(f"{title}: {len(grid.points())} points, {a.jobs} at a time, in {out}")
+    results = run_grid(grid, out, a.jobs)
+    for path in report(out, grid.plots, title):
+        print(path)
+    failed = [r["point"] for r in results if r["status"] == "failed"]
+    if failed:
+        print(
+            f"recformer lab: {len(failed)} point(s) failed (errors in their point.json): {', '.join(failed)}"
+        )
+        return 1
+    return 0

@@ -1,0 +1,146 @@
+"""A grid's report from its points' ``point.json`` files: ``results.csv`` (a row per point),
+``results.md`` (a row per setting: mean and spread over seeds, the command of each point) and the
+PNG plots the grid file asks for (``plots:``: ``x`` an axis, ``y`` a figure of
+``recformer.lab.summary``, ``series`` an axis, optional ``logx`` / ``logy``), seeds averaged, the
+spread drawn as the min-max bar."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from recformer.lab.runner import POINT_FILE
+
+FIGURES = (
+    "val_auc",
+    "best_val_auc",
+    "val_logloss",
+    "nonfinite_steps",
+    "loss_spikes",
+    "grad_ratio",
+    "cos_deep",
+    "attn_logit_max",
+    "params",
+)
+"""The per-point figures a report shows (``recformer.lab.summary``)."""
+
+
+def load_points(out: Path) -> list[dict[str, Any]]:
+    points = [json.loads(p.read_text()) for p in sorted((out / "points").glob(f"*/version_0/{POINT_FILE}"))]
+    if not points:
+        raise FileNotFoundError(
+            f"no finished lab points under {out / 'points'} (run `recformer lab run` first)"
+        )
+    return points
+
+
+def _key(point: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(point["labels"].items()))
+
+
+def _fmt(values: list[float]) -> str:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "-"
+    mean = statistics.mean(finite)
+    if len(finite) == 1:
+        return f"{mean:.4g}"
+    return f"{mean:.4g} ({min(finite):.4g}-{max(finite):.4g})"
+
+
+def write_csv(points: list[dict[str, Any]], path: Path) -> None:
+    axes = sorted({k for p in points for k in p["labels"]})
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*axes, "seed", "status", *FIGURES, "findings", "seconds", "command"])
+        for p in points:
+            figures = [p.get(f, "") for f in FIGURES]
+            labels = [p["labels"].get(a, "") for a in axes]
+            w.writerow(
+                [
+                    *labels,
+                    p["seed"],
+                    p["status"],
+                    *figures,
+                    " ".join(p.get("findings", [])),
+                    p["seconds"],
+                    p["command"],
+                ]
+            )
+
+
+def write_markdown(points: list[dict[str, Any]], path: Path, title: str) -> str:
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        groups[_key(p)].append(p)
+    axes = sorted({k for p in points for k in p["labels"]})
+    head = [a.rsplit(".", 1)[-1] for a in axes] + ["seeds", "status", *FIGURES, "doctor"]
+    lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for key, ps in sorted(groups.items()):
+        labels = dict(key)
+        status = ", ".join(sorted({p["status"] for p in ps}))
+        findings = ", ".join(sorted({f for p in ps for f in p.get("findings", [])})) or "clean"
+        cells = [labels.get(a, "") for a in axes] + [str(len(ps)), status]
+        cells += [_fmt([p.get(f, math.nan) for p in ps]) for f in FIGURES] + [findings]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Mean over seeds, (min-max) where there are several. Rerun a point alone:", ""]
+    lines += [f"- `{p['point']}`: `{p['command']}`" for p in points]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: str) -> None:
+    """``spec['y']`` against axis ``spec['x']``, a line per value of axis ``spec['series']``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key, y, series_key = spec["x"], spec["y"], spec.get("series")
+    lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        value = p.get(y, math.nan)
+        if p["status"] == "failed" or value is None or not math.isfinite(value):
+            continue
+        name = p["labels"].get(series_key, "all") if series_key else "all"
+        x = p["settings"][x_key] if x_key in p["settings"] else p[x_key]  # an axis, or a figure (params)
+        lines[name][float(x)].append(value)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, by_x in sorted(lines.items()):
+        xs = sorted(by_x)
+        means = [statistics.mean(by_x[x]) for x in xs]
+        lo = [m - min(by_x[x]) for m, x in zip(means, xs)]
+        hi = [max(by_x[x]) - m for m, x in zip(means, xs)]
+        ax.errorbar(xs, means, yerr=[lo, hi], marker="o", capsize=3, label=str(name))
+    if spec.get("logx"):
+        ax.set_xscale("log", base=2)
+    if spec.get("logy"):
+        ax.set_yscale("log")
+    ax.set_xlabel(spec.get("xlabel", x_key))
+    ax.set_ylabel(spec.get("ylabel", y))
+    ax.set_title(spec.get("title", f"{title}: {y} against {x_key.rsplit('.', 1)[-1]}"))
+    if series_key:
+        ax.legend(title=series_key.rsplit(".", 1)[-1])
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path, plots: list[dict[str, Any]], title: str) -> list[Path]:
+    """Write the report files into ``out``; their paths."""
+    points = load_points(out)
+    written = [out / "results.csv", out / "results.md"]
+    write_csv(points, written[0])
+    write_markdown(points, written[1], title)
+    for spec in plots:
+        name = f"{spec['y']}-vs-{spec['x'].rsplit('.', 1)[-1]}.png"
+        plot(points, spec, out / name, title)
+        written.append(out / name)
+    return written

@@ -1,0 +1,146 @@
+"""recformer lab: a micro grid run end to end (points, resume, divergence as a result, a failed
+point), grids refused by name, and the report on known inputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recformer.__main__ import main as recformer_main
+from recformer.lab.grids import list_grids, load_grid
+from recformer.lab.report import report
+
+MICRO = {
+    "description": "two points",
+    "configs": ["configs/model/tiny.yaml", "configs/data/synthetic.yaml"],
+    "data": {
+        "synth": {"rows": 3000, "val_rows": 600, "test_rows": 600, "users": 100, "items": 80, "max_len": 8}
+    },
+    "settings": {
+        "trainer.max_epochs": 1,
+        "data.num_workers": 0,
+        "data.batch_size": 64,
+        "model.optim.warmup_steps": 5,
+        "trainer.log_every_n_steps": 5,
+    },
+    "axes": {
+        "variant": [
+            {"name": "pre", "model.ranker.norm_placement": "pre"},
+            {"name": "post", "model.ranker.norm_placement": "post"},
+        ]
+    },
+    "seeds": [0],
+    "plots": [{"x": "params", "y": "best_val_auc", "series": "variant"}],
+    "sizes": {"smoke": {}},
+}
+
+
+def _grid(tmp_path: Path, **changes) -> Path:
+    path = tmp_path / "micro.yaml"
+    path.write_text(yaml.safe_dump({**MICRO, **changes}))
+    return path
+
+
+def _points(out: Path) -> dict[str, dict]:
+    files = (out / "points").glob("*/version_0/point.json")
+    return {json.loads(p.read_text())["labels"]["variant"]: json.loads(p.read_text()) for p in files}
+
+
+def test_a_micro_grid_runs_every_point_reports_and_resumes(tmp_path, capsys):
+    grid, out = _grid(tmp_path), tmp_path / "out"
+    assert recformer_main(["lab", "run", str(grid), "--out", str(out), "--jobs", "2"]) == 0
+    points = _points(out)
+    assert sorted(points) == ["post", "pre"] and all(p["status"] == "ok" for p in points.values())
+    for p in points.values():  # an ordinary run folder, with the figures read from it
+        run = Path(p["run"])
+        assert (run / "config.yaml").is_file() and (run / "health.jsonl").is_file()
+        assert 0 < p["best_val_auc"] < 1 and p["params"] > 0 and p["command"].startswith("recformer fit ")
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert sorted(r["variant"] for r in rows) == ["post", "pre"]
+    assert "| post |" in (out / "results.md").read_text() and (out / "best_val_auc-vs-params.png").is_file()
+    # A point interrupted half-way (no point.json; a partial file) is rerun; the finished one kept.
+    pre = Path(points["pre"]["run"])
+    (pre / "point.json").unlink()
+    (pre / "partial").write_text("left by a killed run")
+    kept = (Path(points["post"]["run"]) / "point.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert recformer_main(["lab", "run", str(grid), "--out", str(out)]) == 0
+    assert (Path(points["post"]["run"]) / "point.json").stat().st_mtime_ns == kept
+    assert (pre / "point.json").is_file() and not (pre / "partial").exists()
+    assert "[2/2]" in capsys.readouterr().out
+
+
+def test_a_diverging_point_is_a_result_and_a_failing_one_is_named(tmp_path, capsys):
+    settings = {
+        **MICRO["settings"],
+        "trainer.callbacks+": "tests.fault_callbacks.HugeWeightsFrom",
+        "trainer.callbacks.step": 3,
+        "model.optim.max_nonfinite_steps": 2,
+    }
+    axes = {
+        "variant": [{"name": "pre", "model.ranker.d_model": 16}, {"name": "bad", "model.ranker.d_model": 0}]
+    }
+    out = tmp_path / "out"
+    assert (
+        recformer_main(["lab", "run", str(_grid(tmp_path, settings=settings, axes=axes)), "--out", str(out)])
+        == 1
+    )
+    points = _points(out)
+    assert points["pre"]["status"] == "diverged" and points["pre"]["nonfinite_steps"] >= 1
+    assert points["bad"]["status"] == "failed" and "d_model=0" in points["bad"]["error"]
+    assert "1 point(s) failed" in capsys.readouterr().out
+
+
+def test_a_grid_is_refused_by_name(tmp_path, capsys):
+    assert recformer_main(["lab", "run", "no-such-grid"]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("recformer lab: error:")]
+    assert "no-such-grid.yaml does not exist" in line and "depth" in line  # the grids there, listed
+    with pytest.raises(ValueError, match="no size 'huge'"):
+        load_grid(str(_grid(tmp_path)), "huge")
+    with pytest.raises(ValueError, match="axes.variant: a variant"):
+        load_grid(str(_grid(tmp_path, axes={"variant": [{"model.ranker.d_model": 8}]})), "smoke")
+
+
+def test_every_shipped_grid_loads_at_every_size():
+    grids = list_grids()
+    assert grids
+    for name, _, sizes in grids:
+        assert "smoke" in sizes and "full" in sizes, name
+        for size in sizes:
+            assert load_grid(name, size).points()
+
+
+def test_the_report_on_known_inputs(tmp_path):
+    out = tmp_path / "out"
+    for seed, auc in ((0, 0.70), (1, 0.74)):
+        for variant, shift in (("a", 0.0), ("b", 0.1)):
+            run = out / "points" / f"{variant}-{seed}" / "version_0"
+            run.mkdir(parents=True)
+            point = {
+                "point": f"{variant}-{seed}",
+                "labels": {"variant": variant},
+                "settings": {"model.ranker.n_layers": 2},
+                "seed": seed,
+                "status": "ok",
+                "seconds": 1.0,
+                "command": f"recformer fit --seed_everything={seed}",
+                "best_val_auc": auc + shift,
+                "findings": ["idle"] if variant == "b" else [],
+            }
+            (run / "point.json").write_text(json.dumps(point))
+    plots = [{"x": "model.ranker.n_layers", "y": "best_val_auc", "series": "variant"}]
+    report(out, plots, "known")
+    md = (out / "results.md").read_text()
+    assert "| a | 2 | ok | - | 0.72 (0.7-0.74) |" in md  # mean (min-max) over the two seeds
+    assert "| b | 2 | ok | - | 0.82 (0.8-0.84) |" in md and md.rstrip().endswith(
+        "`recformer fit --seed_everything=1`"
+    )
+    assert "| idle |" in md and "| clean |" in md
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 4 and math.isclose(float(rows[0]["best_val_auc"]), 0.70)
+    assert (out / "best_val_auc-vs-n_layers.png").stat().st_size > 1000
