@@ -144,3 +144,31 @@ def test_the_report_on_known_inputs(tmp_path):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 4 and math.isclose(float(rows[0]["best_val_auc"]), 0.70)
     assert (out / "best_val_auc-vs-n_layers.png").stat().st_size > 1000
+
+
+def test_the_best_learning_rate_per_width_and_its_drift_on_known_inputs():
+    from recformer.lab.report import best_rows
+
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3]
+    # SP: the best LR moves from 4e-3 at width 32 to 1e-3 at width 128 (2 grid steps down);
+    # muP: 2e-3 at both widths.
+    best = {("SP", "32"): 4e-3, ("SP", "128"): 1e-3, ("muP", "32"): 2e-3, ("muP", "128"): 2e-3}
+    points = []
+    for (param, width), at in best.items():
+        for lr in lrs:
+            loss = 0.5 + abs(math.log2(lr / at)) * 0.01
+            labels = {"param": param, "width": width}
+            points.append(
+                {"labels": labels, "settings": {"model.optim.lr": lr}, "status": "ok", "val_logloss": loss}
+            )
+    spec = {
+        "over": "model.optim.lr",
+        "y": "val_logloss",
+        "mode": "min",
+        "per": ["param", "width"],
+        "drift": "width",
+    }
+    text = "\n".join(best_rows(points, spec))
+    assert "- SP, 32: 0.004" in text and "- muP, 128: 0.002" in text
+    assert "for SP: -2 grid steps from width 32 to 128" in text
+    assert "for muP: +0 grid steps from width 32 to 128" in text

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         return 0
     if a.action == "report":
         meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
-        for path in report(a.out, meta.get("plots", []), meta.get("title", a.out.name)):
+        for path in report(a.out, meta.get("plots", []), meta.get("title", a.out.name), meta.get("best")):
             print(path)
         return 0
     if a.jobs < 1:
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     )
     print(f"{title}: {len(grid.points())} points, {a.jobs} at a time, in {out}")
     results = run_grid(grid, out, a.jobs)
-    for path in report(out, grid.plots, title):
+    for path in report(out, grid.plots, title, grid.best):
         print(path)
     failed = [r["point"] for r in results if r["status"] == "failed"]
     if failed:

@@ -12,6 +12,7 @@ replace the top-level ones::
     seeds: [0]
     sizes: {smoke: {axes: {model.ranker.n_layers: [2, 4]}}, full: {seeds: [0, 1, 2]}}
     plots: [{x: model.ranker.n_layers, y: val_auc, series: model.ranker.norm_placement}]
+    best: {over: model.optim.lr, y: val_logloss, mode: min, per: [param, width], drift: width}
 
 An axis value may also be a mapping of several settings that move together (a *variant*:
 ``{name: pre+lns, model.ranker.norm_placement: pre, model.ranker.layernorm_scaling: true}``).
@@ -30,7 +31,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRIDS_DIR = REPO_ROOT / "configs" / "lab"
-SIZE_KEYS = ("configs", "data", "settings", "axes", "seeds", "plots", "description")
+SIZE_KEYS = ("configs", "data", "settings", "axes", "seeds", "plots", "best", "description")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Grid:
     axes: dict[str, list[Any]]
     seeds: list[int]
     plots: list[dict[str, Any]]
+    best: dict[str, Any] = field(default_factory=dict)
+    """Optional: the best value of an axis per group, and how far it drifts (``report.best_rows``)."""
 
     def points(self) -> list[Point]:
         keys = list(self.axes)
@@ -119,6 +122,7 @@ def load_grid(name_or_path: str, size: str) -> Grid:
         axes=dict(merged.get("axes", {})),
         seeds=list(merged.get("seeds", [0])),
         plots=list(merged.get("plots", [])),
+        best=dict(merged.get("best", {})),
     )
     _check(grid, path)
     return grid

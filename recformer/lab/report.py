@@ -95,6 +95,40 @@ def write_markdown(points: list[dict[str, Any]], path: Path, title: str) -> str:
     return text
 
 
+def best_rows(points: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """Markdown lines: per group (``spec['per']`` labels), the value of setting ``spec['over']``
+    whose seed-mean ``spec['y']`` is best (``mode`` min or max), and, per group without the
+    ``drift`` label, how many grid steps that best value moves from the smallest to the largest
+    ``drift`` value (the LR drift across widths that muP should remove)."""
+    over, y, per, mode = spec["over"], spec["y"], spec["per"], spec.get("mode", "min")
+    grid_values = sorted({float(p["settings"][over]) for p in points})
+    means: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        v = p.get(y, math.nan)
+        if p["status"] == "ok" and v is not None and math.isfinite(v):
+            means[tuple(p["labels"].get(k, "") for k in per)][float(p["settings"][over])].append(v)
+    best = {}
+    for group, by_value in means.items():
+        pick = min if mode == "min" else max
+        best[group] = pick(by_value, key=lambda x: statistics.mean(by_value[x]))
+    lines = ["", f"Best {over} by mean {y} ({mode}):", ""]
+    lines += [f"- {', '.join(group)}: {value:g}" for group, value in sorted(best.items())]
+    drift = spec.get("drift")
+    if drift in per:
+        i = per.index(drift)
+        rest = sorted({g[:i] + g[i + 1 :] for g in best})
+        for other in rest:
+            mine = {float(g[i]): v for g, v in best.items() if g[:i] + g[i + 1 :] == other}
+            if len(mine) >= 2:
+                lo, hi = mine[min(mine)], mine[max(mine)]
+                steps = grid_values.index(hi) - grid_values.index(lo)
+                lines.append(
+                    f"- drift of the best {over} for {', '.join(other)}: {steps:+d} grid steps "
+                    f"from {drift} {min(mine):g} to {max(mine):g}"
+                )
+    return lines
+
+
 def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: str) -> None:
     """``spec['y']`` against axis ``spec['x']``, a line per value of axis ``spec['series']``."""
     import matplotlib
@@ -104,9 +138,12 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
 
     x_key, y, series_key = spec["x"], spec["y"], spec.get("series")
     lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    where = spec.get("where", {})  # only the points with these labels (e.g. {param: muP})
     for p in points:
         value = p.get(y, math.nan)
         if p["status"] == "failed" or value is None or not math.isfinite(value):
+            continue
+        if any(p["labels"].get(k) != str(v) for k, v in where.items()):
             continue
         name = p["labels"].get(series_key, "all") if series_key else "all"
         x = p["settings"][x_key] if x_key in p["settings"] else p[x_key]  # an axis, or a figure (params)
@@ -133,14 +170,19 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
     plt.close(fig)
 
 
-def report(out: Path, plots: list[dict[str, Any]], title: str) -> list[Path]:
+def report(
+    out: Path, plots: list[dict[str, Any]], title: str, best: dict[str, Any] | None = None
+) -> list[Path]:
     """Write the report files into ``out``; their paths."""
     points = load_points(out)
     written = [out / "results.csv", out / "results.md"]
     write_csv(points, written[0])
-    write_markdown(points, written[1], title)
+    text = write_markdown(points, written[1], title)
+    if best:
+        written[1].write_text(text + "\n".join(best_rows(points, best)) + "\n")
     for spec in plots:
-        name = f"{spec['y']}-vs-{spec['x'].rsplit('.', 1)[-1]}.png"
+        suffix = "".join(f"-{v}" for v in spec.get("where", {}).values())
+        name = f"{spec['y']}-vs-{spec['x'].rsplit('.', 1)[-1]}{suffix}.png"
         plot(points, spec, out / name, title)
         written.append(out / name)
     return written
