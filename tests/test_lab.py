@@ -172,3 +172,13 @@ def test_the_best_learning_rate_per_width_and_its_drift_on_known_inputs():
     assert "- SP, 32: 0.004" in text and "- muP, 128: 0.002" in text
     assert "for SP: -2 grid steps from width 32 to 128" in text
     assert "for muP: +0 grid steps from width 32 to 128" in text
+
+
+def test_the_coordinate_check_writes_its_table_and_plot(tiny_data, tmp_path):
+    out = tmp_path / "coord"
+    args = ["--data", str(tiny_data), "--widths", "16", "32", "--steps", "2", "--out", str(out)]
+    assert recformer_main(["lab", "coord-check", *args]) == 0
+    rows = list(csv.DictReader((out / "coord_check.csv").open()))
+    # SP and muP x 2 widths x (tokens, 2 blocks, logits), every RMS finite and positive
+    assert len(rows) == 2 * 2 * 4 and all(0 < float(r["rms"]) < math.inf for r in rows)
+    assert {r["param"] for r in rows} == {"SP", "muP"} and (out / "coord_check.png").stat().st_size > 1000

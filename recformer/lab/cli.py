@@ -1,4 +1,5 @@
-"""``recformer lab list | run GRID [--size smoke|full] [--out DIR] [--jobs N] | report DIR``."""
+"""``recformer lab list | run GRID [--size smoke|full] [--out DIR] [--jobs N] | report DIR |
+coord-check``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--size", default="smoke", help="the grid size (default: smoke)")
     run.add_argument("--out", type=Path, default=None, help="default: runs/lab/<grid>-<size>")
     run.add_argument("--jobs", type=int, default=1, help="points at a time (each gets cores / jobs threads)")
+    coord = sub.add_parser("coord-check", help="muP coordinate check: activation RMS per layer against width")
+    coord.add_argument("--data", type=Path, default=Path("data/movielens"))
+    coord.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
+    coord.add_argument("--steps", type=int, default=3)
+    coord.add_argument("--lr", type=float, default=1e-2)
+    coord.add_argument("--out", type=Path, default=Path("runs/lab/coord-check"))
     rep = sub.add_parser("report", help="write results.csv, results.md and the plots of a grid's folder")
     rep.add_argument("out", type=Path)
     return p
@@ -30,6 +37,12 @@ def main(argv: list[str]) -> int:
     if a.action == "list":
         for name, description, sizes in list_grids():
             print(f"{name:12s} [{', '.join(sizes)}]  {description.splitlines()[0] if description else ''}")
+        return 0
+    if a.action == "coord-check":
+        from recformer.lab.coord import run_coord_check
+
+        for path in run_coord_check(a.data, a.widths, a.steps, a.lr, a.out):
+            print(path)
         return 0
     if a.action == "report":
         meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
