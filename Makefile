@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow faults lint bench quality complexity clean
+.PHONY: install demo test test-slow faults lint bench quality complexity lab-smoke clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -58,6 +58,12 @@ quality: install
 
 complexity: install
 	$(BIN)/python bench/complexity.py
+
+# Every scaling-lab grid at its smoke size (runs/lab/<grid>-smoke/), then the coordinate check.
+lab-smoke: install
+	@for g in depth width_lr qk_norm capacity data_size; do $(BIN)/recformer lab run $$g --size smoke --jobs 2 || exit 1; done
+	@test -f $(DATA)/spec.yaml || $(BIN)/recformer data movielens --out $(DATA)
+	$(BIN)/recformer lab coord-check --data $(DATA)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -182,3 +182,17 @@ def test_the_coordinate_check_writes_its_table_and_plot(tiny_data, tmp_path):
     # SP and muP x 2 widths x (tokens, 2 blocks, logits), every RMS finite and positive
     assert len(rows) == 2 * 2 * 4 and all(0 < float(r["rms"]) < math.inf for r in rows)
     assert {r["param"] for r in rows} == {"SP", "muP"} and (out / "coord_check.png").stat().st_size > 1000
+
+
+def test_a_job_array_task_runs_one_point_and_the_report_reads_what_is_done(tmp_path, capsys):
+    grid, out = _grid(tmp_path), tmp_path / "out"
+    assert recformer_main(["lab", "run", str(grid), "--count"]) == 0
+    assert capsys.readouterr().out.strip() == "2"
+    assert (
+        recformer_main(["lab", "run", str(grid), "--out", str(out), "--index", "1"]) == 0
+    )  # as SLURM task 1
+    assert sorted(_points(out)) == ["post"]
+    assert recformer_main(["lab", "report", str(out)]) == 0
+    assert "| post |" in (out / "results.md").read_text()
+    assert recformer_main(["lab", "run", str(grid), "--out", str(out), "--index", "2"]) == 2
+    assert "--index 2; the grid has points 0 to 1" in capsys.readouterr().err

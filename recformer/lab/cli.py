@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from recformer.lab.grids import list_grids, load_grid
 from recformer.lab.report import report
-from recformer.lab.runner import run_grid
+from recformer.lab.runner import run_grid, run_point
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +22,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--size", default="smoke", help="the grid size (default: smoke)")
     run.add_argument("--out", type=Path, default=None, help="default: runs/lab/<grid>-<size>")
     run.add_argument("--jobs", type=int, default=1, help="points at a time (each gets cores / jobs threads)")
+    run.add_argument(
+        "--index",
+        type=int,
+        default=None,
+        help="run only the point of this index (0-based; a SLURM job array: --index $SLURM_ARRAY_TASK_ID), "
+        "no report: `recformer lab report DIR` once every task is done",
+    )
+    run.add_argument(
+        "--count", action="store_true", help="print the number of points (for --array=0-(N-1)) and exit"
+    )
     coord = sub.add_parser("coord-check", help="muP coordinate check: activation RMS per layer against width")
     coord.add_argument("--data", type=Path, default=Path("data/movielens"))
     coord.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
@@ -52,13 +63,21 @@ def main(argv: list[str]) -> int:
     if a.jobs < 1:
         raise ValueError(f"--jobs={a.jobs}; expected an integer >= 1")
     grid = load_grid(a.grid, a.size)
+    points = grid.points()
+    if a.count:
+        print(len(points))
+        return 0
     out = a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}"
     out.mkdir(parents=True, exist_ok=True)
     title = f"lab {grid.name} ({grid.size})"
-    (out / "grid.json").write_text(
-        json.dumps({"title": title, "plots": grid.plots, **grid.__dict__}, indent=2)
-    )
-    print(f"{title}: {len(grid.points())} points, {a.jobs} at a time, in {out}")
+    (out / "grid.json").write_text(json.dumps({"title": title, **grid.__dict__}, indent=2))
+    if a.index is not None:
+        if not 0 <= a.index < len(points):
+            raise ValueError(f"--index {a.index}; the grid has points 0 to {len(points) - 1}")
+        r = run_point(grid, points[a.index], out, max(1, os.cpu_count() or 1))
+        print(f"{r['point']}: {r['status']} ({r['seconds']:.0f} s)")
+        return 1 if r["status"] == "failed" else 0
+    print(f"{title}: {len(points)} points, {a.jobs} at a time, in {out}")
     results = run_grid(grid, out, a.jobs)
     for path in report(out, grid.plots, title, grid.best):
         print(path)
