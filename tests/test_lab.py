@@ -146,6 +146,57 @@ def test_the_report_on_known_inputs(tmp_path):
     assert (out / "best_val_auc-vs-n_layers.png").stat().st_size > 1000
 
 
+def test_attention_traces_over_training_on_known_inputs(tmp_path):
+    """The trace is the max (logit) or min (entropy) across blocks at each logged step, a line per
+    point; the plot is drawn from the run folders, filtered by ``where``."""
+    from recformer.doctor.runs import load_run
+    from recformer.lab.summary import summarize, trace
+    from recformer.metric_names import ATTN_ENTROPY, ATTN_LOGIT_MAX
+
+    out = tmp_path / "out"
+    for qk, growth in (("none", 10.0), ("full", 1.0)):
+        run = out / "points" / f"{qk}-0" / "version_0"
+        run.mkdir(parents=True)
+        lines = [
+            {
+                "step": s,
+                ATTN_LOGIT_MAX.format(i=0): 1 + growth * s,
+                ATTN_LOGIT_MAX.format(i=1): 2 + s,
+                ATTN_ENTROPY.format(i=0): 0.9 / (1 + growth * s),
+                ATTN_ENTROPY.format(i=1): 0.8,
+            }
+            for s in (0, 5, 10)
+        ]
+        (run / "health.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        point = {
+            "point": f"{qk}-0",
+            "labels": {"qk_norm": qk, "lr": "0.016"},
+            "settings": {},
+            "seed": 0,
+            "status": "ok",
+            "seconds": 1.0,
+            "command": "recformer fit",
+        }
+        (run / "point.json").write_text(json.dumps(point))
+    steps, logits = trace(load_run(out / "points" / "none-0" / "version_0"), ATTN_LOGIT_MAX, "max")
+    assert steps.tolist() == [0, 5, 10] and logits.tolist() == [2.0, 51.0, 101.0]
+    _, entropy = trace(load_run(out / "points" / "full-0" / "version_0"), ATTN_ENTROPY, "min")
+    assert entropy.tolist() == pytest.approx([0.8, 0.15, 0.9 / 11])
+    figures = summarize(out / "points" / "none-0" / "version_0")
+    assert figures["attn_logit_max"] == 101.0 and figures["attn_entropy_min"] == pytest.approx(0.9 / 101)
+    plots = [
+        {"trace": "attn_logit_max", "series": "qk_norm", "where": {"lr": 0.016}, "logy": True},
+        {"trace": "attn_entropy", "series": "qk_norm", "where": {"lr": 0.001}},  # no point matches
+    ]
+    written = report(out, plots, "known")
+    assert (out / "trace-attn_logit_max-0.016.png").stat().st_size > 1000 and len(written) == 4
+    assert (out / "trace-attn_entropy-0.001.png").is_file()  # drawn, empty: axes and title only
+    with pytest.raises(ValueError, match="a trace plot needs trace"):
+        load_grid(str(_grid(tmp_path, plots=[{"trace": "loss", "series": "variant"}])), "smoke")
+    with pytest.raises(ValueError, match=r"plots\[0\] needs x and y"):
+        load_grid(str(_grid(tmp_path, plots=[{"y": "val_auc"}])), "smoke")
+
+
 def test_the_best_learning_rate_per_width_and_its_drift_on_known_inputs():
     from recformer.lab.report import best_rows
 

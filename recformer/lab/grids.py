@@ -31,6 +31,9 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRIDS_DIR = REPO_ROOT / "configs" / "lab"
+TRACE_NAMES = ("attn_logit_max", "attn_entropy")
+"""The metrics a ``trace:`` plot draws over training (``recformer.lab.report.TRACES``)."""
+
 SIZE_KEYS = ("configs", "data", "settings", "axes", "seeds", "plots", "best", "description")
 
 
@@ -143,3 +146,12 @@ def _check(grid: Grid, path: Path) -> None:
                 raise ValueError(f"{where}: axes.{key}: a variant {v} needs a name")
     if not grid.seeds or not all(isinstance(s, int) for s in grid.seeds):
         raise ValueError(f"{where}: seeds must be a non-empty list of integers, got {grid.seeds}")
+    for i, spec in enumerate(grid.plots):
+        if "trace" in spec:
+            if spec["trace"] not in TRACE_NAMES or spec.get("series") not in grid.axes:
+                raise ValueError(
+                    f"{where}: plots[{i}]: a trace plot needs trace: one of {list(TRACE_NAMES)} "
+                    f"and series: an axis of the grid, got {spec}"
+                )
+        elif "x" not in spec or "y" not in spec:
+            raise ValueError(f"{where}: plots[{i}] needs x and y (or trace), got {spec}")

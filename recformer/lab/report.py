@@ -2,7 +2,8 @@
 ``results.md`` (a row per setting: mean and spread over seeds, the command of each point) and the
 PNG plots the grid file asks for (``plots:``: ``x`` an axis, ``y`` a figure of
 ``recformer.lab.summary``, ``series`` an axis, optional ``logx`` / ``logy``), seeds averaged, the
-spread drawn as the min-max bar."""
+spread drawn as the min-max bar; or a trace over training (``trace:`` a per-block metric of
+``recformer.metric_names`` by its short name, reduced across blocks at each step, a line per point)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from recformer.doctor.runs import load_run
+from recformer.lab.grids import TRACE_NAMES
 from recformer.lab.runner import POINT_FILE
+from recformer.lab.summary import trace
+from recformer.metric_names import ATTN_ENTROPY, ATTN_LOGIT_MAX
+
+TRACES = {
+    "attn_logit_max": (ATTN_LOGIT_MAX, "max", "largest attention logit (any block)"),
+    "attn_entropy": (ATTN_ENTROPY, "min", "lowest attention entropy / log(keys) (any block)"),
+}
+"""The metrics a ``trace:`` plot can draw over training: name, reduction across blocks, axis label."""
+assert set(TRACES) == set(TRACE_NAMES)
 
 FIGURES = (
     "val_auc",
@@ -25,6 +37,7 @@ FIGURES = (
     "grad_ratio",
     "cos_deep",
     "attn_logit_max",
+    "attn_entropy_min",
     "params",
 )
 """The per-point figures a report shows (``recformer.lab.summary``)."""
@@ -143,7 +156,7 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
         value = p.get(y, math.nan)
         if p["status"] == "failed" or value is None or not math.isfinite(value):
             continue
-        if any(p["labels"].get(k) != str(v) for k, v in where.items()):
+        if not _matches(p, where):
             continue
         name = p["labels"].get(series_key, "all") if series_key else "all"
         x = p["settings"][x_key] if x_key in p["settings"] else p[x_key]  # an axis, or a figure (params)
@@ -170,6 +183,51 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
     plt.close(fig)
 
 
+def _matches(point: dict[str, Any], where: dict[str, Any]) -> bool:
+    return all(point["labels"].get(k) == str(v) for k, v in where.items())
+
+
+def plot_trace(points: list[dict[str, Any]], spec: dict[str, Any], out: Path, path: Path, title: str) -> None:
+    """``spec['trace']`` against the training step, a line per point (coloured by axis
+    ``spec['series']``, one line style per seed), read from each point's run folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fmt, mode, ylabel = TRACES[spec["trace"]]
+    series_key = spec["series"]
+    names = sorted({p["labels"].get(series_key, "") for p in points})
+    colours = {n: f"C{i}" for i, n in enumerate(names)}
+    styles = ("-", "--", ":", "-.")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    labelled = set()
+    for p in points:
+        if p["status"] == "failed" or not _matches(p, spec.get("where", {})):
+            continue
+        steps, values = trace(load_run(out / "points" / p["point"] / "version_0"), fmt, mode)
+        if not len(steps):
+            continue
+        name = p["labels"].get(series_key, "")
+        status = "" if p["status"] == "ok" else f" ({p['status']})"
+        label = None if (name, status) in labelled else f"{name}{status}"
+        labelled.add((name, status))
+        ax.plot(steps, values, styles[int(p["seed"]) % len(styles)], color=colours[name], label=label)
+    if spec.get("logy"):
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    where = ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in spec.get("where", {}).items())
+    default = f"{title}: {spec['trace']} over training" + (f" ({where})" if where else "")
+    ax.set_title(spec.get("title", default))
+    if labelled:
+        ax.legend(title=series_key.rsplit(".", 1)[-1])
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(
     out: Path, plots: list[dict[str, Any]], title: str, best: dict[str, Any] | None = None
 ) -> list[Path]:
@@ -182,7 +240,11 @@ def report(
         written[1].write_text(text + "\n".join(best_rows(points, best)) + "\n")
     for spec in plots:
         suffix = "".join(f"-{v}" for v in spec.get("where", {}).values())
-        name = f"{spec['y']}-vs-{spec['x'].rsplit('.', 1)[-1]}{suffix}.png"
-        plot(points, spec, out / name, title)
+        if "trace" in spec:
+            name = f"trace-{spec['trace']}{suffix}.png"
+            plot_trace(points, spec, out, out / name, title)
+        else:
+            name = f"{spec['y']}-vs-{spec['x'].rsplit('.', 1)[-1]}{suffix}.png"
+            plot(points, spec, out / name, title)
         written.append(out / name)
     return written
