@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -50,14 +51,26 @@ def data_dir(grid: Grid, point: Point, out: Path) -> Path:
     }
     key = "-".join(f"{k}{v}" for k, v in sorted(args.items()))
     path = out / "data" / f"synth-{key}"
-    with _DATA_LOCK:  # two points that need the same data: one writes it, the other waits
+    with _DATA_LOCK:  # two points of this process that need the same data: one writes it
         if not (path / "spec.yaml").is_file():
-            shutil.rmtree(path, ignore_errors=True)  # a half-written one from an interrupted run
-            cmd = [sys.executable, "-m", "recformer", "data", "synth", "--out", str(path)]
+            # Written into a folder of this process, then renamed into place: job-array tasks on
+            # other machines that share ``out`` may write the same data at once; the first rename
+            # wins and the others use it (a rename onto a non-empty folder fails).
+            tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            cmd = [sys.executable, "-m", "recformer", "data", "synth", "--out", str(tmp)]
             cmd += [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
             proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"lab data of {grid.name}: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+            if path.exists() and not (path / "spec.yaml").is_file():
+                shutil.rmtree(path, ignore_errors=True)  # a half-written one from an older version
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not (path / "spec.yaml").is_file():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another task's copy is in place
     return path
 
 
