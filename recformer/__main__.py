@@ -39,17 +39,30 @@ def data_main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
-USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab} ...
+USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,export} ...
+       recformer --version
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
   data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab
   evaluate                      offline exact metrics of a checkpoint on a split
   doctor                        read a run's internal metrics and name its failure
   lab                           scaling-lab grids of runs: list, run GRID, report DIR
+  export                        a checkpoint as a torch.export / ONNX artifact for serving
 """
 
 
-COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab")
+def version() -> str:
+    """The installed distribution's version (pyproject.toml), or the source tree's when not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("recformer")
+    except PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
+
+
+COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"recformer {version()}")
         return 0
     if argv[0] not in COMMANDS and not argv[0].startswith("-"):  # options go to LightningCLI
         print(USAGE, end="", file=sys.stderr)
@@ -74,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from recformer.evaluate import main as evaluate_main
 
         return int(evaluate_main(argv[1:]) or 0)
+    if argv[0] == "export":
+        from recformer.export import main as export_main
+
+        return int(export_main(argv[1:]) or 0)
     if argv[0] == "doctor":
         from recformer.doctor import main as doctor_main
 
@@ -141,17 +161,19 @@ CONFIG_SECTIONS = {"RankerConfig": "model.ranker", "OptimConfig": "model.optim"}
 
 def _check_behind(e: BaseException) -> BaseException:
     """The check behind a jsonargparse error: a config's ``__post_init__`` refusing a value reaches
-    the user wrapped in jsonargparse's "Does not validate against any of the Union subtypes" and
-    the value's repr (8 lines); the check's own sentence, with its section, is the useful line."""
-    inner = e
+    the user wrapped in jsonargparse's parse error and the value's repr (several lines); the
+    check's own sentence, with its section (``model.optim: eps=0.0 must be > 0``), is the useful line."""
+    chain, inner = [e], e
     while inner.__cause__ or inner.__context__:
         inner = inner.__cause__ or inner.__context__
+        chain.append(inner)
+    for inner in chain:  # the error itself (a config built at instantiation), or one it wraps
         tb = inner.__traceback__
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         if tb is not None and tb.tb_frame.f_code.co_name == "__post_init__" and isinstance(inner, ValueError):
             section = CONFIG_SECTIONS.get(type(tb.tb_frame.f_locals.get("self")).__name__)
-            if section is not None and "Union subtypes" in str(e):
+            if section is not None:
                 named = ValueError(f"{section}: {inner}")
                 return named.with_traceback(inner.__traceback__)
     return e

@@ -25,7 +25,9 @@ from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.sink import HEALTH_FILE
 from recformer.checkpoints import AtomicCheckpointIO, is_remote, read_checkpoint
 from recformer.data.datamodule import RecDataModule
+from recformer.loggers import SafeWandbLogger
 from recformer.module import RankerModule
+from recformer.tracking import RECORD_FILE, run_folder_of
 
 DEFAULT_TRAINER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer.yaml"
 
@@ -54,10 +56,11 @@ _NEW_RUN_DIRS: list[Path] = []
 setting or input before it writes a result."""
 _TRAINERS: list[Any] = []
 """Trainers this process made; their W&B run folders go with a removed run folder."""
-_START_FILES = {"config.yaml", "hparams.yaml"}
+_START_FILES = {"config.yaml", "hparams.yaml", RECORD_FILE}
 """What a run writes before its first step."""
 _RUN_LOGGERS = ("lightning.pytorch.loggers.CSVLogger", "lightning.pytorch.loggers.TensorBoardLogger")
 """Loggers whose ``version_N`` folder is the run's own folder (``claim_version``)."""
+_WANDB_LOGGER = "recformer.loggers.SafeWandbLogger"
 
 
 def holds_no_result(run: Path) -> bool:
@@ -136,9 +139,12 @@ class LoggedSaveConfig(SaveConfigCallback):
         import yaml
 
         as_dict = yaml.safe_load(config)
+        run_dir = own_run_dir(trainer)
         for logger in trainer.loggers:
             if hasattr(logger, "log_config"):
                 logger.log_config(as_dict)
+            if isinstance(logger, SafeWandbLogger) and run_dir is not None:
+                logger.record_in(run_dir)  # wandb.json: evaluate and doctor log to this run
 
 
 class _OneLineErrors(LightningArgumentParser):
@@ -271,15 +277,22 @@ class RecformerCLI(LightningCLI):
                 claim_version(Path(trainer.get("default_root_dir") or ".") / "recformer")
             )
             return
-        for logger in loggers if isinstance(loggers, list) else [loggers]:
+        loggers = loggers if isinstance(loggers, list) else [loggers]
+        run_name = None
+        for logger in loggers:
             args = getattr(logger, "init_args", None)
-            if (
-                getattr(logger, "class_path", None) in _RUN_LOGGERS
-                and args is not None
-                and args.get("version") is None
-            ):
-                root = Path(args.get("save_dir") or ".") / (args.get("name") or "")
-                args["version"] = int(claim_version(root).name.removeprefix("version_"))
+            if getattr(logger, "class_path", None) in _RUN_LOGGERS and args is not None:
+                if args.get("version") is None:
+                    root = Path(args.get("save_dir") or ".") / (args.get("name") or "")
+                    args["version"] = int(claim_version(root).name.removeprefix("version_"))
+                version = args["version"]
+                version = version if isinstance(version, str) else f"version_{version}"
+                run_name = run_name or f"{args.get('name') or 'lightning_logs'}/{version}"
+        for logger in loggers:  # the W&B run is named after the run folder: recformer/version_N
+            args = getattr(logger, "init_args", None)
+            wandb = getattr(logger, "class_path", None) == _WANDB_LOGGER and args is not None
+            if wandb and run_name and args.get("name") is None:
+                args["name"] = run_name
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = super().instantiate_trainer(**kwargs)
@@ -292,6 +305,9 @@ class RecformerCLI(LightningCLI):
         run_dir = own_run_dir(trainer)
         if trainer.is_global_zero and run_dir is not None and not run_dir.exists():
             _NEW_RUN_DIRS.append(run_dir)
+        bar = trainer.progress_bar_callback
+        if bar is not None and run_dir is not None and run_dir.name.removeprefix("version_").isdigit():
+            bar.get_metrics = _numbered(bar.get_metrics, int(run_dir.name.removeprefix("version_")))
         return trainer
 
     def before_predict(self) -> None:
@@ -312,9 +328,17 @@ class RecformerCLI(LightningCLI):
             )
 
 
-def run_folder_of(ckpt: Path) -> Path:
-    """The run folder a checkpoint belongs to: the folder above ``checkpoints/``, else its own."""
-    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+def _numbered(get_metrics: Any, number: int) -> Any:
+    """The progress bar's ``v_num`` as the run folder's number. Lightning joins every logger's
+    version ("3_k2x9abcd") and shows its last 4 characters: the W&B run id's, not the run's."""
+
+    def get_run_metrics(trainer: Any, pl_module: Any) -> dict[str, Any]:
+        items = get_metrics(trainer, pl_module)
+        if "v_num" in items:
+            items["v_num"] = number
+        return items
+
+    return get_run_metrics
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:

@@ -25,6 +25,7 @@ from recformer.batch import DataError
 from recformer.checkpoints import check_checkpoint_path, check_features, unreadable_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
+from recformer.tracking import log_evaluation
 
 
 def load_module(ckpt: str | Path, device: str = "cpu"):
@@ -213,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compare", default=None, help="a second checkpoint: paired DeLong test of the AUC difference"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument(
+        "--no-wandb",
+        action="store_true",
+        help="do not log the results to the W&B run of the checkpoint's run folder (its wandb.json)",
+    )
     a = p.parse_args(argv)
     for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
         if value < least:
@@ -236,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recformer evaluate: {e}", file=sys.stderr)
         return 2
     print(format_table(r))  # the result first: a failed write must not cost it
+    if not a.no_wandb:
+        run_id = log_evaluation(Path(a.ckpt), a.split, r)
+        if run_id:
+            print(f"logged to W&B run {run_id}")
     try:
         write_json_atomic(out, r)
     except OSError as e:

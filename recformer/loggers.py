@@ -18,6 +18,8 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from recformer.tracking import write_record
+
 log = logging.getLogger(__name__)
 
 try:
@@ -48,6 +50,7 @@ class SafeWandbLogger(WandbLogger):
         save_dir: str = "runs",
         online: bool | None = None,
         init_timeout: float = 30.0,
+        log_best: bool = False,
         **kwargs: Any,
     ):
         """
@@ -62,8 +65,13 @@ class SafeWandbLogger(WandbLogger):
                 ``dryrun`` once an offline W&B logger has started in the process; only
                 ``WANDB_MODE=disabled`` turns W&B off whatever this says.
             init_timeout: Seconds W&B may take to start before it is given up on.
+            log_best: At the end of a fit, log the best checkpoint (of the ModelCheckpoint that
+                monitors a metric) as the W&B artifact ``model-<run id>``, type ``model``, alias
+                ``best``, with the metric and its score in its metadata.
         """
         self.disabled = False
+        self.log_best = log_best
+        self._best_checkpoint: Any = None
         self._reason = ""
         self.run_folder: Path | None = None
         """This run's W&B folder, once W&B has started (removed with a run refused at its start)."""
@@ -130,13 +138,49 @@ class SafeWandbLogger(WandbLogger):
         # One W&B run per Trainer run: finishing flushes an offline run's files to disk, and a later
         # Trainer in the same process (tests, sweeps) starts its own run instead of reusing this one.
         super().finalize(status)
+        if self.log_best and status == "success":
+            try:
+                self._log_best()
+            except Exception as e:  # noqa: BLE001 - the run is still finished below
+                rank_zero_warn(f"log_best: could not log the best checkpoint ({type(e).__name__}: {e})")
         if self._experiment is not None and hasattr(self._experiment, "finish"):
             self._experiment.finish(exit_code=0 if status == "success" else 1)
             self._experiment = None
 
+    @rank_zero_only
+    @_guarded
+    def record_in(self, run_dir: Path) -> None:
+        """Write ``run_dir/wandb.json`` (``recformer.tracking``): evaluate and doctor log to this run."""
+        exp = self.experiment
+        if exp is not None and getattr(exp, "id", None):
+            write_record(run_dir, exp, self.save_dir)
+
     @_guarded
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         super().after_save_checkpoint(checkpoint_callback)
+        if getattr(checkpoint_callback, "monitor", None):
+            self._best_checkpoint = checkpoint_callback
+
+    def _log_best(self) -> None:
+        cb = self._best_checkpoint
+        path = Path(getattr(cb, "best_model_path", "") or "")
+        if cb is None or not path.is_file() or self._experiment is None:
+            rank_zero_warn("log_best: no best checkpoint was saved in this run; no model artifact logged")
+            return
+        import wandb
+
+        score = cb.best_model_score
+        artifact = wandb.Artifact(
+            f"model-{self._experiment.id}",
+            type="model",
+            metadata={
+                "monitor": cb.monitor,
+                "score": None if score is None else float(score),
+                "checkpoint": path.name,
+            },
+        )
+        artifact.add_file(str(path), name="model.ckpt")
+        self._experiment.log_artifact(artifact, aliases=["best"])
 
     @property
     def name(self) -> str | None:

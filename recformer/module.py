@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MetricCollection
 
 from recformer.batch import Batch
@@ -74,14 +75,14 @@ def _metrics(exact_max_rows: int) -> dict[str, Any]:
 def _as(cls: type, value: Any) -> Any:
     if value is None:
         return cls()
-    return cls(**value) if isinstance(value, dict) else value
+    return cls(**value) if isinstance(value, dict) else replace(value)  # a copy: never a shared default
 
 
 class RankerModule(pl.LightningModule):
     def __init__(
         self,
-        ranker: RankerConfig | None = None,
-        optim: OptimConfig | None = None,
+        ranker: RankerConfig = RankerConfig(),  # noqa: B008 - copied by _as; shown whole in config.yaml
+        optim: OptimConfig = OptimConfig(),  # noqa: B008
         dims: FeatureDims | None = None,
         arch: Arch = "transformer",
         compile: bool = False,
@@ -361,8 +362,10 @@ class RankerModule(pl.LightningModule):
         # unscales first. (bf16 and fp32 have no scaler.)
         precision = str(self.trainer.precision) if self._trainer is not None else ""
         optimizer = self.make_optimizer(fused=False if precision.startswith("16") else None)
+        # Printed once, by global rank 0, at fit start (Lightning's console logger): what a run trains
+        # with belongs on screen, not only at INFO level of this module's logger.
         for line in describe_groups(optimizer.param_groups):
-            log.info(line)
+            rank_zero_info(line)
         # May be inf (no max_steps / max_epochs): build_scheduler says what to set unless constant.
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
         optim_cfg = self.optim_cfg

@@ -13,6 +13,7 @@ from recformer.doctor.checks import diagnose
 from recformer.doctor.plots import write_plots
 from recformer.doctor.report import report_text, write_html
 from recformer.doctor.runs import METRICS_CSV, load_run
+from recformer.tracking import log_doctor
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of text")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs and the HTML page")
+    parser.add_argument(
+        "--no-wandb",
+        action="store_true",
+        help="do not log the findings and plots to the run's W&B run (its wandb.json)",
+    )
     return parser
 
 
@@ -63,16 +69,23 @@ def main(argv: list[str]) -> int:
         print(_no_metrics(run_dir), file=sys.stderr)
         return 2
     d = diagnose(run, run_dir)
+    plots: list[Path] = []
     if not args.no_plots:
         out = args.out or run_dir / "doctor"
         out.mkdir(parents=True, exist_ok=True)
-        write_html(d, write_plots(run, out), out)
+        written = write_plots(run, out)
+        write_html(d, written, out)
+        plots = [out / name for name, _ in written]
     if args.json:
         print(json.dumps({**asdict(d), "healthy": d.healthy}, indent=2))
     else:
         print(report_text(d))
         if not args.no_plots:
             print(f"\nplots and report: {out / 'index.html'}")
+    if not args.no_wandb and (d.findings or d.passed):
+        run_id = log_doctor(run_dir, d, plots)
+        if run_id and not args.json:
+            print(f"logged to W&B run {run_id}")
     if not d.findings and not d.passed:
         print(
             f"recformer doctor: none of the {len(d.skipped)} checks found its metrics in {run_dir}; "

@@ -285,12 +285,30 @@ class FeatureTokenizer(nn.Module):
                 event.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
             pieces.append(torch.cat(event, dim=-1).view(B, L * self.event_ids))
         pieces.append(ids_BSJ[:, L])
+        if torch.compiler.is_exporting():
+            return self._bags_by_segments(torch.cat(pieces, dim=1)), items_BS
         ids_Z = torch.cat(pieces, dim=1).view(-1)
         starts_Z = (
             self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_Z.device)[:, None]
         ).view(-1)
         bag_Z = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row)
         return bag_Z.view(B, F_ + S, D), items_BS
+
+    def _bags_by_segments(self, ids_BJ: torch.Tensor) -> torch.Tensor:
+        """``_lookup``'s bag sums as a gather and fixed-layout sums: what ``embedding_bag`` computes,
+        in ops every exporter maps to plain ones (ONNX has no embedding_bag: torch.onnx lowers it
+        to a loop over the bags, 100x slower). The layout is fixed per model: F bags of 1 id, L of
+        ``event_ids``, the target's of ``item_ids``."""
+        B, F_, L, D = ids_BJ.shape[0], self.n_cat, self.max_len, self.d_model
+        emb_BJD = F.embedding(ids_BJ, self.table.weight)
+        if self.pad_row is not None:  # embedding_bag leaves the padding row out of each sum
+            emb_BJD = emb_BJD * (ids_BJ != self.pad_row).unsqueeze(-1).to(emb_BJD.dtype)
+        parts = [emb_BJD[:, :F_]]
+        if L:
+            events = emb_BJD[:, F_ : F_ + L * self.event_ids]
+            parts.append(events.reshape(B, L, self.event_ids, D).sum(2))
+        parts.append(emb_BJD[:, F_ + L * self.event_ids :].sum(1, keepdim=True))
+        return torch.cat(parts, dim=1)
 
     def _context_tokens(
         self, batch: Batch, cat_BFD: torch.Tensor
