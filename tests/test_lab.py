@@ -146,6 +146,30 @@ def test_the_report_on_known_inputs(tmp_path):
     assert (out / "best_val_auc-vs-n_layers.png").stat().st_size > 1000
 
 
+def test_the_slope_per_decade_on_known_inputs():
+    """loss = a - b * log10(params) per series, two seeds around each mean: the slope is -b."""
+    from recformer.lab.report import slope_rows
+
+    points = []
+    for order, b in (("1", 0.01), ("4", 0.05)):
+        for params in (1e4, 1e5, 1e6):
+            for seed, noise in ((0, -0.001), (1, 0.001)):
+                points.append(
+                    {
+                        "labels": {"synth.order": order},
+                        "settings": {},
+                        "params": params,
+                        "seed": seed,
+                        "status": "ok",
+                        "val_logloss": 0.7 - b * math.log10(params) + noise,
+                    }
+                )
+    points.append({**points[0], "status": "failed", "val_logloss": 99.0})  # a failed point is left out
+    lines = slope_rows(points, {"x": "params", "y": "val_logloss", "series": "synth.order", "fit": True})
+    assert "- order 1: -0.0100 (3 points, params 1e+04 to 1e+06)" in lines
+    assert "- order 4: -0.0500 (3 points, params 1e+04 to 1e+06)" in lines
+
+
 def test_attention_traces_over_training_on_known_inputs(tmp_path):
     """The trace is the max (logit) or min (entropy) across blocks at each logged step, a line per
     point; the plot is drawn from the run folders, filtered by ``where``."""

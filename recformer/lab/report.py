@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from recformer.doctor.runs import load_run
 from recformer.lab.grids import TRACE_NAMES
 from recformer.lab.runner import POINT_FILE
@@ -142,6 +144,43 @@ def best_rows(points: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _series(points: list[dict[str, Any]], spec: dict[str, Any]) -> dict[str, dict[float, list[float]]]:
+    """``{series label: {x: [y per seed]}}`` of the finite ``spec['y']`` of points that did not fail,
+    filtered by ``spec['where']``; ``x`` an axis's setting, or a figure (``params``)."""
+    x_key, y, series_key = spec["x"], spec["y"], spec.get("series")
+    lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        value = p.get(y, math.nan)
+        if p["status"] == "failed" or value is None or not math.isfinite(value):
+            continue
+        if not _matches(p, spec.get("where", {})):
+            continue
+        name = p["labels"].get(series_key, "all") if series_key else "all"
+        x = p["settings"][x_key] if x_key in p["settings"] else p[x_key]
+        lines[name][float(x)].append(value)
+    return lines
+
+
+def slope_rows(points: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """Markdown lines: per series, the least-squares slope of the seed-mean ``spec['y']`` against
+    log10 of ``spec['x']`` (the change per decade: of loss against parameters, or against rows),
+    for a plot with ``fit: true``."""
+    x_name, y = spec["x"].rsplit(".", 1)[-1], spec["y"]
+    lines = ["", f"Slope of {y} per decade of {x_name} (least squares on the seed means):", ""]
+    for name, by_x in sorted(_series(points, spec).items()):
+        xs = sorted(by_x)
+        if len(xs) < 2:
+            lines.append(f"- {name}: one {x_name} value, no slope")
+            continue
+        logx = np.log10(xs)
+        means = [statistics.mean(by_x[x]) for x in xs]
+        slope = float(np.polyfit(logx, means, 1)[0])
+        series = spec.get("series", "all").rsplit(".", 1)[-1]
+        span = f"{len(xs)} points, {x_name} {min(xs):.3g} to {max(xs):.3g}"
+        lines.append(f"- {series} {name}: {slope:+.4f} ({span})")
+    return lines
+
+
 def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: str) -> None:
     """``spec['y']`` against axis ``spec['x']``, a line per value of axis ``spec['series']``."""
     import matplotlib
@@ -150,17 +189,7 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
     import matplotlib.pyplot as plt
 
     x_key, y, series_key = spec["x"], spec["y"], spec.get("series")
-    lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    where = spec.get("where", {})  # only the points with these labels (e.g. {param: muP})
-    for p in points:
-        value = p.get(y, math.nan)
-        if p["status"] == "failed" or value is None or not math.isfinite(value):
-            continue
-        if not _matches(p, where):
-            continue
-        name = p["labels"].get(series_key, "all") if series_key else "all"
-        x = p["settings"][x_key] if x_key in p["settings"] else p[x_key]  # an axis, or a figure (params)
-        lines[name][float(x)].append(value)
+    lines = _series(points, spec)  # ``where``: only the points with these labels (e.g. {param: muP})
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, by_x in sorted(lines.items()):
         xs = sorted(by_x)
@@ -212,7 +241,8 @@ def plot_trace(points: list[dict[str, Any]], spec: dict[str, Any], out: Path, pa
         status = "" if p["status"] == "ok" else f" ({p['status']})"
         label = None if (name, status) in labelled else f"{name}{status}"
         labelled.add((name, status))
-        ax.plot(steps, values, styles[int(p["seed"]) % len(styles)], color=colours[name], label=label)
+        style = styles[int(p["seed"]) % len(styles)]  # markers: the probe logs every 50 steps by default
+        ax.plot(steps, values, style, marker="o", markersize=3, color=colours[name], label=label)
     if spec.get("logy"):
         ax.set_yscale("log")
     ax.set_xlabel("training step")
@@ -236,8 +266,10 @@ def report(
     written = [out / "results.csv", out / "results.md"]
     write_csv(points, written[0])
     text = write_markdown(points, written[1], title)
-    if best:
-        written[1].write_text(text + "\n".join(best_rows(points, best)) + "\n")
+    extra = best_rows(points, best) if best else []
+    extra += [line for spec in plots if spec.get("fit") for line in slope_rows(points, spec)]
+    if extra:
+        written[1].write_text(text + "\n".join(extra) + "\n")
     for spec in plots:
         suffix = "".join(f"-{v}" for v in spec.get("where", {}).values())
         if "trace" in spec:
