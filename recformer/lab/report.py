@@ -199,13 +199,24 @@ def plot(points: list[dict[str, Any]], spec: dict[str, Any], path: Path, title: 
         ax.errorbar(xs, means, yerr=[lo, hi], marker="o", capsize=3, label=str(name))
     if spec.get("logx"):
         ax.set_xscale("log", base=2)
+    default = f"{title}: {y} against {x_key.rsplit('.', 1)[-1]}"
+    _finish(fig, ax, path, spec, spec.get("xlabel", x_key), spec.get("ylabel", y), default, bool(series_key))
+
+
+def _finish(
+    fig: Any, ax: Any, path: Path, spec: dict[str, Any], xlabel: str, ylabel: str, title: str, legend: bool
+) -> None:
+    """Log y on request, the axis labels, the title (``spec['title']`` wins), the legend titled by
+    the series axis, a grid; saved to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
     if spec.get("logy"):
         ax.set_yscale("log")
-    ax.set_xlabel(spec.get("xlabel", x_key))
-    ax.set_ylabel(spec.get("ylabel", y))
-    ax.set_title(spec.get("title", f"{title}: {y} against {x_key.rsplit('.', 1)[-1]}"))
-    if series_key:
-        ax.legend(title=series_key.rsplit(".", 1)[-1])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(spec.get("title", title))
+    if legend and spec.get("series"):
+        ax.legend(title=spec["series"].rsplit(".", 1)[-1])
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -243,19 +254,9 @@ def plot_trace(points: list[dict[str, Any]], spec: dict[str, Any], out: Path, pa
         labelled.add((name, status))
         style = styles[int(p["seed"]) % len(styles)]  # markers: the probe logs every 50 steps by default
         ax.plot(steps, values, style, marker="o", markersize=3, color=colours[name], label=label)
-    if spec.get("logy"):
-        ax.set_yscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel(ylabel)
     where = ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in spec.get("where", {}).items())
     default = f"{title}: {spec['trace']} over training" + (f" ({where})" if where else "")
-    ax.set_title(spec.get("title", default))
-    if labelled:
-        ax.legend(title=series_key.rsplit(".", 1)[-1])
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, spec, "training step", ylabel, default, bool(labelled))
 
 
 def report(
