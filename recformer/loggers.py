@@ -78,7 +78,8 @@ class SafeWandbLogger(WandbLogger):
         env = os.environ.get("WANDB_MODE")
         explicit = {True: "online", False: "offline", None: None}[online]
         mode = (env or "offline") if env == "disabled" or explicit is None else explicit
-        os.makedirs(save_dir, exist_ok=True)
+        if rank_zero_only.rank == 0:  # W&B runs on global rank 0 only: another node writes nothing
+            os.makedirs(save_dir, exist_ok=True)
         try:
             import wandb  # noqa: F401
 

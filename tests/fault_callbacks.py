@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import lightning.pytorch as pl
 
@@ -42,3 +43,17 @@ class HugeWeightsFrom(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step >= self.step:
             batch.weight[:2] = 3.0e38
+
+
+class RecordRows(pl.Callback):
+    """Writes the ``row_id`` key of every training row this rank takes, a line per batch, into
+    ``<out>/rank<global rank>-epoch<epoch>.txt`` (multi-node sharding checks)."""
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        path = Path(self.out) / f"rank{trainer.global_rank}-epoch{trainer.current_epoch}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(" ".join(str(int(k)) for k in batch.keys[:, 0].tolist()) + "\n")
