@@ -61,8 +61,8 @@ complexity: install
 
 # Every scaling-lab grid at its smoke size (runs/lab/<grid>-smoke/), then the coordinate check.
 lab-smoke: install
-	@for g in depth width_lr qk_norm capacity data_size; do $(BIN)/recformer lab run $$g --size smoke --jobs 2 || exit 1; done
 	@test -f $(DATA)/spec.yaml || $(BIN)/recformer data movielens --out $(DATA)
+	@for g in depth width_lr qk_norm capacity capacity_movielens data_size; do $(BIN)/recformer lab run $$g --size smoke --jobs 2 || exit 1; done
 	$(BIN)/recformer lab coord-check --data $(DATA)
 
 clean:
