@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
         return 0
     if a.action == "report":
         meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
-        for path in report(a.out, meta.get("plots", []), meta.get("title", a.out.name), meta.get("best")):
+        title = meta.get("title", a.out.name)
+        for path in report(a.out, meta.get("plots", []), title, meta.get("best"), meta.get("point_names")):
             print(path)
         return 0
     if a.jobs < 1:
@@ -70,7 +71,10 @@ def main(argv: list[str]) -> int:
     out = a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}"
     out.mkdir(parents=True, exist_ok=True)
     title = f"lab {grid.name} ({grid.size})"
-    (out / "grid.json").write_text(json.dumps({"title": title, **grid.__dict__}, indent=2))
+    names = [p.name for p in points]
+    (out / "grid.json").write_text(
+        json.dumps({"title": title, **grid.__dict__, "point_names": names}, indent=2)
+    )
     if a.index is not None:
         if not 0 <= a.index < len(points):
             raise ValueError(f"--index {a.index}; the grid has points 0 to {len(points) - 1}")
@@ -79,7 +83,7 @@ def main(argv: list[str]) -> int:
         return 1 if r["status"] == "failed" else 0
     print(f"{title}: {len(points)} points, {a.jobs} at a time, in {out}")
     results = run_grid(grid, out, a.jobs)
-    for path in report(out, grid.plots, title, grid.best):
+    for path in report(out, grid.plots, title, grid.best, names):
         print(path)
     failed = [r["point"] for r in results if r["status"] == "failed"]
     if failed:

@@ -45,8 +45,20 @@ FIGURES = (
 """The per-point figures a report shows (``recformer.lab.summary``)."""
 
 
-def load_points(out: Path) -> list[dict[str, Any]]:
+def load_points(out: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """The finished points under ``out``; with ``names`` (the grid's points as it is defined now,
+    from ``grid.json``), only those: a point of an earlier definition of the grid (another setting
+    changes its name) keeps its folder but leaves the report, with a line saying so."""
     points = [json.loads(p.read_text()) for p in sorted((out / "points").glob(f"*/version_0/{POINT_FILE}"))]
+    if names is not None:
+        wanted = set(names)
+        stale = [p["point"] for p in points if p["point"] not in wanted]
+        points = [p for p in points if p["point"] in wanted]
+        if stale:
+            print(
+                f"recformer lab: {out}: left out {len(stale)} finished point(s) of an earlier definition "
+                f"of this grid (their folders stay under {out / 'points'})"
+            )
     if not points:
         raise FileNotFoundError(
             f"no finished lab points under {out / 'points'} (run `recformer lab run` first)"
@@ -260,10 +272,15 @@ def plot_trace(points: list[dict[str, Any]], spec: dict[str, Any], out: Path, pa
 
 
 def report(
-    out: Path, plots: list[dict[str, Any]], title: str, best: dict[str, Any] | None = None
+    out: Path,
+    plots: list[dict[str, Any]],
+    title: str,
+    best: dict[str, Any] | None = None,
+    names: list[str] | None = None,
 ) -> list[Path]:
-    """Write the report files into ``out``; their paths."""
-    points = load_points(out)
+    """Write the report files into ``out`` from its finished points (those of ``names`` when
+    given); their paths."""
+    points = load_points(out, names)
     written = [out / "results.csv", out / "results.md"]
     write_csv(points, written[0])
     text = write_markdown(points, written[1], title)
