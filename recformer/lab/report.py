@@ -187,9 +187,9 @@ def slope_rows(points: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
         logx = np.log10(xs)
         means = [statistics.mean(by_x[x]) for x in xs]
         slope = float(np.polyfit(logx, means, 1)[0])
-        series = spec.get("series", "all").rsplit(".", 1)[-1]
+        series = f"{spec['series'].rsplit('.', 1)[-1]} {name}" if spec.get("series") else "all points"
         span = f"{len(xs)} points, {x_name} {min(xs):.3g} to {max(xs):.3g}"
-        lines.append(f"- {series} {name}: {slope:+.4f} ({span})")
+        lines.append(f"- {series}: {slope:+.4f} ({span})")
     return lines
 
 
