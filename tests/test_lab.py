@@ -147,7 +147,9 @@ def test_the_report_on_known_inputs(tmp_path):
     # Points of an earlier definition of the grid (not among its names now) leave the report.
     report(out, plots, "known", names=["a-0", "a-1"])
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert sorted(r["variant"] for r in rows) == ["a", "a"] and "| b |" not in (out / "results.md").read_text()
+    assert (
+        sorted(r["variant"] for r in rows) == ["a", "a"] and "| b |" not in (out / "results.md").read_text()
+    )
 
 
 def test_the_slope_per_decade_on_known_inputs():
