@@ -29,7 +29,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _fit_args(data: Path, rows: Path) -> list[str]:
+def _base_args(data: Path) -> list[str]:
     return [
         "fit",
         f"--config={ROOT / 'configs/model/tiny.yaml'}",
@@ -39,6 +39,12 @@ def _fit_args(data: Path, rows: Path) -> list[str]:
         "--model.optim.warmup_steps=2",
         "--trainer.accelerator=cpu",
         "--trainer.devices=1",
+    ]
+
+
+def _fit_args(data: Path, rows: Path) -> list[str]:
+    return [
+        *_base_args(data),
         "--trainer.num_nodes=2",
         "--trainer.strategy=ddp",
         "--trainer.max_epochs=2",
@@ -102,22 +108,8 @@ def test_two_torchrun_nodes_shard_by_global_rank_and_only_rank_zero_writes(tmp_p
     assert not (tmp_path / "node1" / "runs").exists()
 
     # A resume on one process (world size 1 against the checkpoint's 2) is refused by name.
-    proc = run_recformer(
-        [
-            "fit",
-            f"--config={ROOT / 'configs/model/tiny.yaml'}",
-            f"--data.data_dir={data}",
-            "--data.batch_size=32",
-            "--data.num_workers=0",
-            "--model.optim.warmup_steps=2",
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=1",
-            "--trainer.max_epochs=3",
-            f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-        ],
-        cwd=tmp_path / "node0",
-        timeout=180,
-    )
+    resume = [*_base_args(data), "--trainer.max_epochs=3", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
+    proc = run_recformer(resume, cwd=tmp_path / "node0", timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("recformer fit: error:")]
     assert "cannot resume the training stream exactly" in line and "number of devices" in line
