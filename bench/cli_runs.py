@@ -54,31 +54,22 @@ def best_checkpoint(run_dir: Path) -> Path:
     return best[0]
 
 
+def _evaluate_once(ckpt: Path, data_dir: str, out: Path, *extra: str) -> dict:
+    """``recformer evaluate --ckpt CKPT [EXTRA] --data DATA --out OUT`` unless ``out`` exists (run
+    once); its JSON."""
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "recformer", "evaluate", "--ckpt", str(ckpt), *extra]
+        run(cmd + ["--data", data_dir, "--out", str(out)])
+    return json.loads(out.read_text())
+
+
 def evaluate(ckpt: Path, data_dir: str, out: Path) -> dict:
     """``recformer evaluate`` of ``ckpt`` on the test split (kept in ``out``: run once)."""
-    if not out.is_file():
-        run(
-            [
-                sys.executable,
-                "-m",
-                "recformer",
-                "evaluate",
-                "--ckpt",
-                str(ckpt),
-                "--data",
-                data_dir,
-                "--out",
-                str(out),
-            ]
-        )
-    r = json.loads(out.read_text())
+    r = _evaluate_once(ckpt, data_dir, out)
     return {k: r[k] for k in METRICS}
 
 
 def paired(ckpt: Path, other: Path, data_dir: str, out: Path) -> dict:
     """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "recformer", "evaluate", "--ckpt", str(ckpt), "--compare", str(other)]
-        run(cmd + ["--data", data_dir, "--out", str(out)])
-    return json.loads(out.read_text())["compare"]
+    return _evaluate_once(ckpt, data_dir, out, "--compare", str(other))["compare"]

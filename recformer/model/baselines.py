@@ -100,7 +100,10 @@ class TokenBaseline(nn.Module):
 
     optimizer_rules = OPTIONAL_GROUPS
 
-    def _setup(self, cfg: RankerConfig, dims: FeatureDims) -> None:
+    def _setup(self, cfg: RankerConfig, dims: FeatureDims, needs_history: str | None = None) -> None:
+        """The shared tokenizer; ``needs_history``: the arch's name, refused without a sequence."""
+        if needs_history and not dims.max_len:
+            raise ValueError(f"arch='{needs_history}' needs a history (feature spec with a sequence)")
         self.cfg, self.dims = cfg, dims
         self.tokens = FeatureTokenizer(cfg, dims)
         self.n_context = self.tokens.n_context
@@ -163,9 +166,7 @@ class TokenBaseline(nn.Module):
 class DINRanker(TokenBaseline):
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
-        if not dims.max_len:
-            raise ValueError("arch='din' needs a history (feature spec with a sequence)")
-        self._setup(cfg, dims)
+        self._setup(cfg, dims, needs_history="din")
         D = cfg.d_model
         self.attn_mlp = nn.Sequential(nn.Linear(4 * D, 2 * D), nn.GELU(), nn.Linear(2 * D, 1))
         hidden = cfg.head_hidden or 2 * D
@@ -286,9 +287,7 @@ class BSTRanker(TokenBaseline):
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
-        if not dims.max_len:
-            raise ValueError("arch='bst' needs a history (feature spec with a sequence)")
-        self._setup(cfg, dims)
+        self._setup(cfg, dims, needs_history="bst")
         D = cfg.d_model
         self.block = PostNormBlock(dataclasses.replace(cfg, norm="layer", qk_norm="none"), 0)
         d_in = (self.n_context - 1 + self.max_len + 1) * D
