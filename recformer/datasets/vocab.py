@@ -112,9 +112,16 @@ def _fields(raw: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], str]]:
             yield f"item.features[{i}] {f['name']}", f, "side"
 
 
-def fit(root: Path, min_count: int = 1, max_size: int | None = None, refit: bool = False) -> list[Fitted]:
+def fit(
+    root: Path,
+    min_count: int = 1,
+    max_size: int | None = None,
+    refit: bool = False,
+    min_counts: dict[str, int] | None = None,
+) -> list[Fitted]:
     """Fit every vocabulary ``root/spec.yaml`` names that is missing (all with ``refit``), write them
-    and the sizes they set into the spec; return what was written."""
+    and the sizes they set into the spec; return what was written. ``min_counts``: a column's own
+    ``min_count`` (``recformer data build`` bounds the user-id table so)."""
     spec_path = root / "spec.yaml"
     raw = yaml.safe_load(spec_path.read_text())
     train = list_split_files(root, "train")
@@ -127,7 +134,8 @@ def fit(root: Path, min_count: int = 1, max_size: int | None = None, refit: bool
         if source == "side" and side is None:
             raise ValueError(f"{setting}: an item feature with a vocab_file needs item.side_table")
         counts = count_values([side] if source == "side" else train, [f["name"]])
-        done.append(_write(setting, path, counts, keep(counts, min_count, max_size)))
+        least = (min_counts or {}).get(f["name"], min_count)
+        done.append(_write(setting, path, counts, keep(counts, least, max_size)))
         f["vocab_size"] = done[-1].size
     item = raw.get("item") or {}
     if item.get("vocab_file") and (refit or not (root / item["vocab_file"]).is_file()):
