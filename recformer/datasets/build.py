@@ -183,6 +183,8 @@ class EventColumns:
     """Categorical, dense and vector columns carried to the output as they are."""
     history: list[str]
     dtypes: dict[str, Any] = field(default_factory=dict)
+    vector_dims: dict[str, int] = field(default_factory=dict)
+    """``features.embedding`` columns and their length: written as fixed-size float32 lists."""
 
 
 def typed_events(cfg: BuildConfig, lf, what: str):
@@ -332,14 +334,14 @@ def bucket_files(folder: Path, key: str, value: int) -> list[str]:
 
 def order_and_split(df, cols: EventColumns, cfg: BuildConfig, cuts: tuple[int, int] | None):
     """A bucket's events in (user, time, item, positive first, input order) order, duplicates
-    flagged (``_dup``), and each event's split (``_split``: 0 train, 1 val, 2 test)."""
+    removed, and each event's split (``_split``: 0 train, 1 val, 2 test); also the duplicates (the
+    later rows of each (user, time, item): a positive sorts first, so it is the one kept)."""
     import polars as pl
 
     u, t, i = cols.user, cols.time, cols.item
     df = df.sort([u, t, i, cols.label, EID], descending=[False, False, False, True, False])
-    df = df.with_columns(_dup=~pl.struct(u, t, i).is_first_distinct())
-    if cfg.duplicates == "drop":
-        df = df.filter(~pl.col("_dup"))
+    first = pl.struct(u, t, i).is_first_distinct()
+    dups, df = df.filter(~first), df.filter(first)
     s = cfg.split
     if s.by == "time":
         assert cuts is not None
@@ -351,7 +353,7 @@ def order_and_split(df, cols: EventColumns, cfg: BuildConfig, cuts: tuple[int, i
         k_test = pl.when(n >= s.min_events).then(n * round(s.test * 1e6) // 1_000_000).otherwise(0)
         k_val = pl.when(n >= s.min_events).then(n * round(s.val * 1e6) // 1_000_000).otherwise(0)
         split = pl.when(rank >= n - k_test).then(2).when(rank >= n - k_test - k_val).then(1).otherwise(0)
-    return df.with_columns(split.cast(pl.Int8).alias(SPLIT))
+    return df.with_columns(split.cast(pl.Int8).alias(SPLIT)), dups
 
 
 @dataclass
@@ -387,16 +389,13 @@ def first_pass(
         bar.update(1)
         if not files:
             continue
-        df = order_and_split(pl.read_parquet(files, columns=narrow), cols, cfg, cuts)
-        dups = df.filter(pl.col("_dup"))
+        df, dups = order_and_split(pl.read_parquet(files, columns=narrow), cols, cfg, cuts)
         counts.duplicates += dups.height
         if dups.height and len(counts.duplicate_examples) < MAX_EXAMPLES:
             for r in dups.head(MAX_EXAMPLES).iter_rows(named=True):
                 counts.duplicate_examples.append(
                     f"{cols.user}={r[cols.user]} {cols.item}={r[cols.item]} {cols.time}={r[cols.time]}"
                 )
-        if cfg.duplicates == "error":
-            df = df.filter(~pl.col("_dup"))
         per_user = df.group_by(cols.user).agg(pl.len().alias("n"))
         counts.users += per_user.height
         counts.single_event_users += int((per_user["n"] == 1).sum())
@@ -515,7 +514,7 @@ def bucket_rows(
     import polars as pl
 
     df = pl.read_parquet(bucket_files(tmp / "events", BUCKET, b))
-    df = order_and_split(df, cols, cfg, cuts).filter(~pl.col("_dup"))
+    df, _ = order_and_split(df, cols, cfg, cuts)
     f, strength = cfg.features, cfg.prior_strength
     start, tie = segment_starts(df, [cols.user], [cols.user, cols.time])
     extra: dict[str, Any] = {}
@@ -539,6 +538,9 @@ def bucket_rows(
     base = [cols.user, cols.item, cols.time, *([cols.rating] if cols.rating else []), cols.label]
     base += [cols.weight] if cols.weight else []
     table = df.select(*base, *cols.context).to_arrow()
+    for name, dim in cols.vector_dims.items():
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, table.column(name).cast(pa.list_(pa.float32(), dim)))
     if users_side is not None:
         table = _join_users(df, users_side, table, cols)
     for name, values in {**extra, **hist}.items():
@@ -777,7 +779,7 @@ def write_bucket(
             continue
         (staging / name).mkdir(parents=True, exist_ok=True)
         pq.write_table(
-            t.cast(required(t.schema)),
+            t.cast(_required_where_full(t)),
             staging / name / f"part-{b:05d}.parquet",
             row_group_size=cfg.row_group_rows,
             compression="zstd",
@@ -803,7 +805,7 @@ def build(
     events, cols, rows = typed_events(cfg, lf, what)
     schema = events.collect_schema()
     cols.dtypes = dict(schema)
-    emb_dims = embedding_dims(events, cfg.features.embedding, what)
+    emb_dims = cols.vector_dims = embedding_dims(events, cfg.features.embedding, what)
     cuts = (
         (_time_cut(cfg.split.val_start, "val_start"), _time_cut(cfg.split.test_start, "test_start"))
         if cfg.split.by == "time"
@@ -907,6 +909,15 @@ def build(
         shutil.rmtree(out)
     staging.rename(out)
     return report
+
+
+def _required_where_full(t: pa.Table) -> pa.Schema:
+    """``schema.required`` for every column without nulls; the users table's columns keep their
+    nulls (users it has no row for: OOV in the loader, counted in the summary)."""
+    strict = required(t.schema)
+    return pa.schema(
+        [strict.field(i) if t.column(i).null_count == 0 else t.schema.field(i) for i in range(t.num_columns)]
+    )
 
 
 def _missing_side_rows(tables: dict[str, pa.Table], cfg: BuildConfig) -> int:
