@@ -10,6 +10,14 @@ and everything known about the user strictly before that second. Output layout::
     DIR/spec.yaml                        the FeatureSpec naming every column's role
     DIR/README.txt                       GroupLens' licence, which must travel with transformations
 
+The log itself is ``recformer data build`` on the ratings (``log_mapping``: the rules below as a
+mapping); this module adds what is MovieLens' own: the item table with its text and content, the
+``movie_id`` and ``days_since_release`` columns, the three uneven train files, the bounded user
+vocabulary and the spec. Since ``data build`` writes the log, the files differ from the earlier
+numpy builder's in one place only: the list columns' element field is named ``element`` (Parquet's
+LIST convention) where pyarrow's default ``item`` was; values, row order, row groups and pages are
+byte-identical.
+
 Rules (all deterministic: same input, byte-identical output):
 
 - Items: every movie of movies.csv, ``item_id`` = rank of ``movieId`` in ascending order. Its text
@@ -40,8 +48,8 @@ import csv
 import re
 import shutil
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +61,8 @@ import pyarrow.parquet as pq
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
+from recformer.datasets.build import EID, SPLIT, EventColumns, build, order_and_split
+from recformer.datasets.build_config import BuildConfig, Columns, Features, Split
 from recformer.datasets.vocab import fit_column
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -184,28 +194,18 @@ def item_text(title: str, genres: str, tags: str) -> str:
 
 def evaluation_start(ratings: pa.Table) -> dict[int, int]:
     """Per movieId, the timestamp of its first val or test rating under the per-user split
-    (``build_log``); movies no evaluation row rates are absent. Item text keeps only the tags
-    written before it (``build_items``)."""
-    user, ts, movie = (ratings.column(c).to_numpy() for c in ("userId", "timestamp", "movieId"))
-    order = np.lexsort((movie, ts, user))  # as build_log's (user, ts, item): item ranks follow movieId
-    user, ts, movie = user[order], ts[order], movie[order]
-    user_start, _ = _segment_starts(user, ts)
-    evaluated = _split(user_start) > 0
-    movie, ts = movie[evaluated], ts[evaluated]
-    by_movie = np.lexsort((ts, movie))
-    movie, ts = movie[by_movie], ts[by_movie]
-    first = np.flatnonzero(np.r_[True, movie[1:] != movie[:-1]]) if len(movie) else np.zeros(0, np.int64)
-    return dict(zip(movie[first].tolist(), ts[first].tolist()))
+    (``recformer data build``'s rule, ``order_and_split``); movies no evaluation row rates are
+    absent. Item text keeps only the tags written before it (``build_items``)."""
+    import polars as pl
 
-
-def _split(user_start: np.ndarray) -> np.ndarray:
-    """0 train / 1 val / 2 test per row of rows sorted by (user, timestamp, item), from each row's
-    user start (module docstring: the last ``n // 10`` to test, the ``n // 10`` before to val)."""
-    n = len(user_start)
-    rank = np.arange(n) - user_start
-    user_n = np.bincount(user_start, minlength=n)[user_start]
-    k = np.where(user_n >= 10, user_n // 10, 0)
-    return np.where(rank >= user_n - k, 2, np.where(rank >= user_n - 2 * k, 1, 0)).astype(np.int8)
+    events = pl.from_arrow(ratings.select(["userId", "movieId", "timestamp"])).with_columns(
+        pl.lit(0, pl.Int8).alias("label"), pl.int_range(pl.len()).alias(EID)
+    )
+    # Items follow movieId order (their ranks), so (user, ts, movieId) is the log's (user, ts, item).
+    cols = EventColumns("userId", "movieId", "timestamp", "label", None, None, [], [])
+    ordered, _ = order_and_split(events, cols, log_mapping(["(ratings.csv)"], 1), None)
+    first = ordered.filter(pl.col(SPLIT) > 0).group_by("movieId").agg(pl.col("timestamp").min())
+    return dict(zip(first["movieId"].to_list(), first["timestamp"].to_list()))
 
 
 def build_items(
@@ -306,80 +306,32 @@ def content_dim(items: pa.Table) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _segment_starts(group_N: np.ndarray, ts_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For rows sorted by (group, ts): the index of each row's group start and of its (group, ts) tie start.
-
-    ``tie_start - group_start`` is the number of the group's rows strictly earlier than the row.
-    """
-    n = len(group_N)
-    idx = np.arange(n)
-    new_group = np.ones(n, dtype=bool)
-    new_group[1:] = group_N[1:] != group_N[:-1]
-    new_tie = new_group.copy()
-    new_tie[1:] |= ts_N[1:] != ts_N[:-1]
-    group_start = np.maximum.accumulate(np.where(new_group, idx, 0))
-    tie_start = np.maximum.accumulate(np.where(new_tie, idx, 0))
-    return group_start, tie_start
-
-
-def _list_array(offsets_N1: np.ndarray, values: np.ndarray) -> pa.ListArray:
-    return pa.ListArray.from_arrays(pa.array(offsets_N1.astype(np.int32)), pa.array(values))
-
-
 def _release_seconds(year_I: np.ndarray) -> np.ndarray:
     """Unix seconds of 1 January of each year (UTC); 0 where the year is unknown (masked by callers)."""
     y = np.where(year_I >= 0, year_I, 1970).astype(np.int64)
     return (y - 1970).astype("datetime64[Y]").astype("datetime64[s]").astype(np.int64)
 
 
-@dataclass
-class Log:
-    table: pa.Table
-    """Every rating, in (user_id, timestamp, item_id) order, all output columns."""
-    split: np.ndarray
-    """int8 per row: 0 train, 1 val, 2 test."""
-    train_pos_rate: float
+def log_mapping(events: list[str], max_len: int) -> BuildConfig:
+    """The module docstring's rules as a ``recformer data build`` mapping over the events table
+    ``events_table`` writes: label = rating >= 4, the history's items and ratings (x2, 1..10),
+    hour and day, user and item priors, the per-user 10 % / 10 % split of users with 10 ratings."""
+    return BuildConfig(
+        events=events,
+        columns=Columns(user="user_id", item="item_id", time="timestamp", rating="rating"),
+        rating_threshold=4.0,
+        features=Features(history=["ratings"], time=["hour", "dow"], priors=["user", "item"]),
+        split=Split(by="user", val=0.1, test=0.1, min_events=10),
+        max_len=max_len,
+        prior_strength=PRIOR_STRENGTH,
+        row_group_rows=ROW_GROUP_ROWS,
+        bucket_rows=2**62,  # one bucket: the whole log in one file per split, as before
+    )
 
 
-def build_log(ratings: pa.Table, items: pa.Table, max_len: int, source: Path) -> Log:
-    """All output columns of the log, computed with whole-array numpy operations."""
-    user, ts, item, raw_movie, rating = _sorted_ratings(ratings, items, source)
-    label = (rating >= 4.0).astype(np.int8)
-
-    # Split by rank within the user's timeline.
-    user_start, tie_start = _segment_starts(user, ts)
-    split = _split(user_start)
-    train_pos_rate = float(label[split == 0].mean())
-
-    n_prior = tie_start - user_start
-    pos_cum = np.concatenate([[0], np.cumsum(label, dtype=np.int64)])
-    pos_prior = pos_cum[tie_start] - pos_cum[user_start]
-    year = items.column("year").to_numpy().astype(np.int64)[item]
-    days = np.maximum((ts - _release_seconds(year)) / 86400.0, 0.0)
-    columns = {
-        "user_id": pa.array(user.astype(np.int64)),
-        "item_id": pa.array(item),
-        "movie_id": pa.array(raw_movie.astype(np.int32)),
-        "timestamp": pa.array(ts.astype(np.int64)),
-        "rating": pa.array(rating.astype(np.float32)),
-        "label": pa.array(label),
-        **_history_columns(ts, item, rating, user_start, tie_start, max_len),
-        "hour": pa.array(((ts // 3600) % 24).astype(np.int8)),
-        # 1970-01-01 was a Thursday: with Monday = 0, day 0 is 3.
-        "dow": pa.array(((ts // 86400 + 3) % 7).astype(np.int8)),
-        "user_n_prior": pa.array(n_prior.astype(np.float32)),
-        "user_pos_rate_prior": pa.array(
-            ((pos_prior + PRIOR_STRENGTH * train_pos_rate) / (n_prior + PRIOR_STRENGTH)).astype(np.float32)
-        ),
-        **_item_priors(item, ts, label, train_pos_rate),
-        "days_since_release": pa.array(np.where(year >= 0, days, -1.0).astype(np.float32)),
-    }
-    return Log(pa.table(columns), split, train_pos_rate)
-
-
-def _sorted_ratings(ratings: pa.Table, items: pa.Table, source: Path) -> tuple[np.ndarray, ...]:
-    """(user, timestamp, item_id, movieId, rating) of every rating, checked and sorted by
-    (user, timestamp, item_id)."""
+def events_table(ratings: pa.Table, items: pa.Table, source: Path) -> pa.Table:
+    """The ratings as ``data build`` events: ``item_id`` the movie's rank, ``ratings`` = rating x 2
+    (the history's rating ids 1..10); checked against movies.csv and the rating range."""
     movie_of_item = items.column("movie_id").to_numpy()
     raw_movie = ratings.column("movieId").to_numpy()
     item, known = _lookup(movie_of_item, raw_movie)
@@ -388,53 +340,50 @@ def _sorted_ratings(ratings: pa.Table, items: pa.Table, source: Path) -> tuple[n
             f"{Path(source) / 'ratings.csv'}: column 'movieId' has {int((~known).sum())} ratings of movies "
             f"absent from movies.csv (first: {raw_movie[~known][:5].tolist()})"
         )
-    user, ts = ratings.column("userId").to_numpy(), ratings.column("timestamp").to_numpy()
     rating = ratings.column("rating").to_numpy()
     if np.any((rating < 0.5) | (rating > 5.0)):
         raise ValueError(f"{Path(source) / 'ratings.csv'}: column 'rating' must lie in [0.5, 5.0]")
-    order = np.lexsort((item, ts, user))
-    return user[order], ts[order], item[order].astype(np.int32), raw_movie[order], rating[order]
+    return pa.table(
+        {
+            "user_id": ratings.column("userId"),
+            "item_id": pa.array(item.astype(np.int32)),
+            "timestamp": ratings.column("timestamp"),
+            "rating": ratings.column("rating"),
+            "ratings": pa.array(np.rint(rating * 2).astype(np.int8)),
+        }
+    )
 
 
-def _history_columns(
-    ts: np.ndarray,
-    item: np.ndarray,
-    rating: np.ndarray,
-    user_start: np.ndarray,
-    tie_start: np.ndarray,
-    max_len: int,
-) -> dict[str, pa.ListArray]:
-    """``hist_item_ids``, ``hist_ratings`` and ``hist_gaps`` of rows sorted by (user, timestamp,
-    item): rows [hist_start, tie_start) of the same user, i.e. strictly earlier seconds."""
-    n = len(ts)
-    hist_start = np.maximum(user_start, tie_start - max_len)
-    hist_len = tie_start - hist_start
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(hist_len, out=offsets[1:])
-    row_of = np.repeat(np.arange(n), hist_len)
-    src = np.repeat(hist_start - offsets[:-1], hist_len) + np.arange(offsets[-1])
-    return {
-        "hist_item_ids": _list_array(offsets, item[src]),
-        "hist_ratings": _list_array(offsets, np.rint(rating[src] * 2).astype(np.int8)),
-        "hist_gaps": _list_array(offsets, (ts[row_of] - ts[src]).astype(np.float32)),
-    }
+LOG_COLUMNS = (
+    "user_id", "item_id", "movie_id", "timestamp", "rating", "label", "hist_item_ids", "hist_ratings",
+    "hist_gaps", "hour", "dow", "user_n_prior", "user_pos_rate_prior", "item_n_prior",
+    "item_pos_rate_prior", "days_since_release",
+)  # fmt: skip
+"""The written columns, in order."""
 
 
-def _item_priors(item: np.ndarray, ts: np.ndarray, label: np.ndarray, rate: float) -> dict[str, pa.Array]:
-    """Per row, over all users and strictly before the row's second: the ratings its item received
-    (``item_n_prior``) and the share of them that were positive, smoothed toward the train rate
-    (``item_pos_rate_prior``: the item's quality as known then)."""
-    by_item = np.lexsort((ts, item))
-    item_start, item_tie = _segment_starts(item[by_item], ts[by_item])
-    pos_cum = np.concatenate([[0], np.cumsum(label[by_item], dtype=np.int64)])
-    n, pos = np.empty(len(item), np.int64), np.empty(len(item), np.int64)
-    n[by_item] = item_tie - item_start
-    pos[by_item] = pos_cum[item_tie] - pos_cum[item_start]
-    smoothed = (pos + PRIOR_STRENGTH * rate) / (n + PRIOR_STRENGTH)
-    return {
-        "item_n_prior": pa.array(n.astype(np.float32)),
-        "item_pos_rate_prior": pa.array(smoothed.astype(np.float32)),
-    }
+def build_log(
+    ratings: pa.Table, items: pa.Table, max_len: int, source: Path, work: Path
+) -> dict[str, pa.Table]:
+    """Each split's rows: ``recformer data build`` on the ratings (in ``work``), then the MovieLens
+    columns it does not know: ``movie_id`` and ``days_since_release`` from the item table."""
+    pq.write_table(events_table(ratings, items, source), work / "events.parquet")
+    build(log_mapping([str(work / "events.parquet")], max_len), work / "log", progress=False)
+    year = items.column("year").to_numpy().astype(np.int64)
+    movie = items.column("movie_id")
+    tables = {}
+    for name in SPLITS:
+        t = pq.read_table(sorted((work / "log" / name).glob("*.parquet")))
+        t = t.rename_columns([{"hist_item_id": "hist_item_ids"}.get(c, c) for c in t.column_names])
+        item = t.column("item_id").to_numpy()
+        ts = t.column("timestamp").to_numpy()
+        days = np.maximum((ts - _release_seconds(year[item])) / 86400.0, 0.0)
+        t = t.append_column("movie_id", movie.take(pa.array(item)))
+        t = t.append_column(
+            "days_since_release", pa.array(np.where(year[item] >= 0, days, -1.0).astype(np.float32))
+        )
+        tables[name] = t.select(list(LOG_COLUMNS))
+    return tables
 
 
 def dense_fields(train: pa.Table) -> list[DenseField]:
@@ -506,13 +455,6 @@ def _write(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS, compression="zstd", **CHECKSUMS)
 
 
-def _split_tables(log: Log) -> dict[str, pa.Table]:
-    t = log.table
-    ts, user, item = (t.column(c).to_numpy() for c in ("timestamp", "user_id", "item_id"))
-    log_order = np.lexsort((item, user, ts))
-    return {name: t.take(pa.array(log_order[log.split[log_order] == s])) for s, name in enumerate(SPLITS)}
-
-
 def write_splits(tables: dict[str, pa.Table], out: Path) -> dict[str, list[Path]]:
     written: dict[str, list[Path]] = {}
     for name, table in tables.items():
@@ -544,8 +486,8 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
         raise FileNotFoundError(f"{licence} does not exist: GroupLens' licence must travel with the data")
     refuse_foreign_parquet(out, SPLITS, written=SPLITS)  # before any work: a bad input must not cost the data
     items = attach_content(build_items(movies, tags, source, evaluation_start(ratings)), Path(items_path))
-    log = build_log(ratings, items, max_len, source)
-    tables = _split_tables(log)
+    with tempfile.TemporaryDirectory(prefix="movielens-") as work:
+        tables = build_log(ratings, items, max_len, source, Path(work))
     out.mkdir(parents=True, exist_ok=True)
     write_splits(tables, out)
     _write(items, out / "items.parquet")
@@ -563,7 +505,8 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
             "users": len(np.unique(t.column("user_id").to_numpy())),
             "mean_hist": float(hist.mean()) if t.num_rows else float("nan"),
         }
-    stats["all"] = {"users": len(np.unique(log.table.column("user_id").to_numpy())), "items": items.num_rows}
+    users = np.unique(np.concatenate([t.column("user_id").to_numpy() for t in tables.values()]))
+    stats["all"] = {"users": len(users), "items": items.num_rows}
     return stats
 
 
