@@ -479,9 +479,12 @@ def segment_starts(df, group: list[str], tie: list[str]) -> tuple[np.ndarray, np
 
 
 def _list_column(offsets: np.ndarray, values: pa.Array) -> pa.Array:
+    """A list column from offsets and values; its element field named ``element`` (Parquet's LIST
+    convention, as every log writer here names it)."""
+    element = pa.field("element", values.type, nullable=False)
     if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), values)
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=pa.list_(element))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), values, type=pa.large_list(element))
 
 
 def history(df, cols: EventColumns, start: np.ndarray, tie: np.ndarray, max_len: int) -> dict[str, pa.Array]:
