@@ -51,6 +51,7 @@ MAPPING = {
     },
     "split": {"by": "user", "val": 0.1, "test": 0.1, "min_events": 10},
     "max_len": MAX_LEN,
+    "duplicates": "drop",  # the generator repeats a (user, item, second) about once in 30M events
 }
 
 

@@ -23,6 +23,7 @@ import torch
 
 from recformer.batch import DataError
 from recformer.checkpoints import check_checkpoint_path, check_features, unreadable_checkpoint
+from recformer.data import storage
 from recformer.data.datamodule import RecDataModule
 from recformer.metrics import StreamingEvaluator, delong_paired, exact_auc
 from recformer.tracking import log_evaluation
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
         if value < least:
             p.error(f"{flag}={value}; expected an integer >= {least}")
-    if not Path(a.data).is_dir():
+    if not storage.is_uri(a.data) and not Path(a.data).is_dir():
         print(
             f"recformer evaluate: --data {a.data} is not a folder (expected spec.yaml and split folders)",
             file=sys.stderr,

@@ -27,12 +27,12 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader
 
 from recformer.batch import DataError
 from recformer.config import VOCAB_DIGEST, FeatureDims, FeatureSpec
+from recformer.data import storage
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.packed import PackedBatch
@@ -241,7 +241,8 @@ class RecDataModule(pl.LightningDataModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        self.data_dir = Path(data_dir)
+        # A URI (s3://...) stays a string: its split files are read where they are (data.storage).
+        self.data_dir = data_dir if storage.is_uri(data_dir) else Path(data_dir)
         self.spec = _load_spec(self.data_dir, spec_path)
         _check_settings(batch_size, eval_batch_size, shuffle_window, num_workers, prefetch_factor)
         self.batch_size = batch_size
@@ -396,7 +397,9 @@ class RecDataModule(pl.LightningDataModule):
             names = [k for k in self.spec.keys if pa.types.is_string(schema.field(k).type)]
             if not names:
                 return self._string_keys.setdefault(split, {})
-            tables = [pq.read_table(f, columns=names, page_checksum_verification=True) for f in index.files]
+            tables = [
+                storage.read_table(f, columns=names, page_checksum_verification=True) for f in index.files
+            ]
             keys = pa.concat_tables(tables, promote_options="default")
             self._string_keys[split] = {n: keys.column(n) for n in names}
         return self._string_keys[split]
@@ -476,7 +479,10 @@ class RecDataModule(pl.LightningDataModule):
         return self._loader(self._stream(self.predict_split, train=False))
 
 
-def _load_spec(data_dir: Path, spec_path: str | None) -> FeatureSpec:
+def _load_spec(data_dir: Path | str, spec_path: str | None) -> FeatureSpec:
+    if spec_path is None and storage.is_uri(data_dir):
+        # spec.yaml, vocab/ and the side table, copied locally: the spec resolves them by path.
+        return FeatureSpec.load(storage.localize(data_dir) / "spec.yaml")
     if spec_path is None and not (data_dir / "spec.yaml").is_file():
         raise FileNotFoundError(
             f"data.data_dir={data_dir}: no spec.yaml there"

@@ -23,6 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from recformer.batch import DataError
 from recformer.config import FeatureSpec
+from recformer.data import storage
 from recformer.data.decode import Decoded, Decoder, Window
 from recformer.data.schema import Where
 from recformer.data.shards import (
@@ -212,7 +213,8 @@ class ParquetStream(IterableDataset):
         self._warmed = True  # the kernel stays compiled in this process: once per stream is enough
         path = self.index.files[0]
         try:
-            first = next(pq.ParquetFile(path).iter_batches(batch_size=8, columns=self.spec.columns()), None)
+            batches = storage.open_parquet(path).iter_batches(batch_size=8, columns=self.spec.columns())
+            first = next(batches, None)
         except (OSError, ValueError):
             return  # the workers raise the error with its context
         if first is not None and first.num_rows:
@@ -260,7 +262,9 @@ class ParquetStream(IterableDataset):
             while len(self._files) >= open_file_cap():
                 self._files.popitem(last=False)[1].close()
             # Pages written with a CRC (every recformer writer: schema.CHECKSUMS) are verified.
-            pf = pq.ParquetFile(self.index.files[file], page_checksum_verification=self.verify_checksums)
+            pf = storage.open_parquet(
+                self.index.files[file], page_checksum_verification=self.verify_checksums
+            )
         self._files[file] = pf
         return pf
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recformer.batch import DataError
+from recformer.data import storage
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,10 @@ class SplitIndex:
         return index
 
 
-def read_footer(path: str) -> pq.FileMetaData:
+def read_footer(path: str) -> pq.FileMetaData:  # a local path or a URI
     """The footer of ``path``, or an error saying the file is truncated or not Parquet."""
     try:
-        return pq.ParquetFile(path).metadata
+        return storage.open_parquet(path).metadata
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 
@@ -103,9 +104,21 @@ def _split_dir_files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and not _hidden(p, d)) if d.is_dir() else []
 
 
-def _scan_split(root: Path, split: str) -> tuple[list[Path], list[Path]]:
+def _scan_split(root: Path | str, split: str) -> tuple[list, list]:
     """(Parquet files, other visible files) of ``root/split`` at any depth, sorted by path; the
-    files fall back to ``root/split.parquet`` when the folder holds none."""
+    files fall back to ``root/split.parquet`` when the folder holds none. For a URI root
+    (``storage``), the same rules over URIs (strings)."""
+    if storage.is_uri(root):
+        d = str(storage.join(root, split))
+        # Hidden or bookkeeping names, as ``_hidden`` skips them locally.
+        parts = {f: f[len(d) + 1 :].split("/") for f in storage.list_files(d)}
+        visible = [f for f, ps in parts.items() if not any(p.startswith((".", "_")) for p in ps)]
+        files = [f for f in visible if f.endswith(".parquet")]
+        single = str(storage.join(root, f"{split}.parquet"))
+        if not files and storage.is_file(single):
+            files = [single]
+        return files, [f for f in visible if not f.endswith(".parquet")]
+    root = Path(root)
     visible = _split_dir_files(root / split)
     files = [p for p in visible if p.suffix == ".parquet"]
     if not files and (root / f"{split}.parquet").is_file():
@@ -115,7 +128,7 @@ def _scan_split(root: Path, split: str) -> tuple[list[Path], list[Path]]:
 
 def find_split_files(root: str | Path, split: str) -> list[Path]:
     """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
-    return _scan_split(Path(root), split)[0]
+    return _scan_split(root if storage.is_uri(root) else Path(root), split)[0]
 
 
 OWN_PARTS = "part-*.parquet"
@@ -156,12 +169,12 @@ def remove_own_parts(root: Path, splits: Sequence[str]) -> None:
 def list_split_files(root: str | Path, split: str) -> list[Path]:
     """``find_split_files``, or an error naming where the files were expected. Other visible files
     in the split's folder are named in a warning, not read."""
-    files, others = _scan_split(Path(root), split)
-    d = Path(root) / split
+    files, others = _scan_split(root if storage.is_uri(root) else Path(root), split)
+    d = storage.join(root, split)
     if not files:
         raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")
     if others:
-        names = [str(p.relative_to(d)) for p in others]
+        names = [str(p)[len(str(d)) + 1 :] for p in others]
         log.warning(
             "%s split: %d file(s) under %s are not *.parquet and are not read: %s",
             split,
