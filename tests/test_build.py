@@ -357,3 +357,14 @@ def test_parquet_vectors_become_embedding_tokens(tmp_path):
     written = pq.read_schema(next((out / "train").glob("*.parquet"))).field("qvec").type
     assert written == pa.list_(pa.field("element", pa.float32(), nullable=False), 2)
     assert cli_main(fit_args(out, tmp_path / "runs", "--trainer.max_epochs=1")).trainer.global_step > 0
+
+
+def test_the_shipped_example_builds_the_shipped_ratings(tmp_path):
+    """configs/data/build-example.yaml on data/ml-latest-small/ratings.csv: the MovieLens split."""
+    root = Path(__file__).resolve().parents[1]
+    report = build(BuildConfig.load(root / "configs/data/build-example.yaml"), tmp_path / "ml", progress=False)
+    assert report["counts"]["rows"] == {"train": 81200, "val": 9818, "test": 9818}
+    assert report["counts"]["events"] == 100836 and report["counts"]["duplicates"] == 0
+    spec = FeatureSpec.load(tmp_path / "ml" / "spec.yaml")
+    assert [f.name for f in spec.sequence.categorical] == ["hist_rating"]
+    assert spec.sequence.categorical[0].vocab_size == 10  # 0.5 .. 5 stars
