@@ -18,6 +18,19 @@ Per size, side by side in one run:
   machine; a size it cannot do in that limit is reported as such.
 
 Both outputs are checked to hold the same number of rows and history events per split.
+
+2026-12-01, 2 cores (``--events 1000000 10000000`` then ``--events 30000000``)::
+
+    | events     | builder | seconds | events/s | peak memory MiB |
+    | 1,000,000  | polars  |    13.3 |   74,947 |  1,391 |
+    | 1,000,000  | numpy   |    10.4 |   96,096 |  1,270 |
+    | 10,000,000 | polars  |   146.8 |   68,119 |  1,796 |
+    | 10,000,000 | numpy   |   158.9 |   62,942 | 11,194 |
+    | 30,000,000 | polars  |   508.1 |   59,039 |  1,862 |
+    | 30,000,000 | numpy   | failed within a 16 GiB address-space limit (a 4.47 GiB history array) |
+
+The 30M run was the second: the first found one duplicate (user, item, second) in the synthetic
+events and refused to build, which is how ``duplicates: drop`` came into the mapping above.
 """
 
 from __future__ import annotations
