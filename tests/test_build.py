@@ -368,3 +368,12 @@ def test_the_shipped_example_builds_the_shipped_ratings(tmp_path):
     spec = FeatureSpec.load(tmp_path / "ml" / "spec.yaml")
     assert [f.name for f in spec.sequence.categorical] == ["hist_rating"]
     assert spec.sequence.categorical[0].vocab_size == 10  # 0.5 .. 5 stars
+
+
+def test_nulls_in_every_named_column_are_counted(tmp_path, capsys):
+    """Two categorical columns, nulls in the first: each named column is checked, not the last."""
+    df = _events().with_columns(
+        pl.when(pl.int_range(pl.len()) < 4).then(None).otherwise(pl.col("device")).alias("device")
+    )
+    err = _fails(tmp_path, df, capsys, features={"categorical": ["device", "action"], "history": ["click"]})
+    assert "column 'device' (features.categorical[0]) has null values: 4 of" in err

@@ -188,82 +188,89 @@ class EventColumns:
 
 
 def typed_events(cfg: BuildConfig, lf, what: str):
-    """Check the events (stage 1) and return the typed LazyFrame with the check's counts."""
-    import polars as pl
-
-    c, f = cfg.columns, cfg.features
+    """Check the events (stage 1): the typed LazyFrame, the columns' roles and the event count."""
     schema = lf.collect_schema()
+    wanted = _wanted_columns(cfg, schema, what)
+    ts = _seconds(cfg, schema[cfg.columns.time])
+    rows = _refuse_problems(lf, _value_problems(cfg, schema, wanted, ts, what), what)
+    exprs, cols = _typed_select(cfg, schema, ts)
+    return lf.select(exprs).with_row_index(EID), cols, rows
+
+
+def _wanted_columns(cfg: BuildConfig, schema: Any, what: str) -> dict[str, str]:
+    """Every column the mapping names (setting -> column), each checked present."""
+    c, f = cfg.columns, cfg.features
     wanted = {f"columns.{k}": v for k, v in asdict(c).items() if v}
     for group in ("categorical", "dense", "embedding", "history"):
-        for n in getattr(f, group):
-            if n != c.label and n != c.rating:
-                wanted[f"features.{group}"] = n
-                need_columns(schema, {f"features.{group}": n}, what)
+        for i, n in enumerate(getattr(f, group)):
+            if n not in (c.label, c.rating):
+                wanted[f"features.{group}[{i}]"] = n
     need_columns(schema, wanted, what)
-    label = c.label or "label"
     if c.rating is not None and "label" in schema:
         raise BuildError(
             f"{what}: has a column 'label'; with columns.rating the label is made under that name"
         )
     for n in f.history:
-        dt = schema[n]
-        if dt.is_float() and n != c.rating:
+        if schema[n].is_float() and n != c.rating:
             raise BuildError(
-                f"{what}: features.history column {n!r} is {dt}; history attributes are categorical "
-                "(integer, boolean or string)"
+                f"{what}: features.history column {n!r} is {schema[n]}; history attributes are "
+                "categorical (integer, boolean or string)"
             )
-    problems: list[tuple[str, Any]] = []  # (what is wrong, a filter selecting the bad rows)
-    for setting, name in wanted.items():
-        if setting != "columns.time":
-            problems.append((f"column {name!r} ({setting}) has null values", pl.col(name).is_null()))
-    ts = _seconds(cfg, schema[c.time])
+    return wanted
+
+
+def _value_problems(cfg: BuildConfig, schema: Any, wanted: dict[str, str], ts: Any, what: str) -> list:
+    """(what is wrong, a filter selecting the rows it is wrong in) for every value check; a column
+    of a type no value can fix is refused here."""
+    import polars as pl
+
+    c = cfg.columns
+    problems = [
+        (f"column {name!r} ({setting}) has null values", pl.col(name).is_null())
+        for setting, name in wanted.items()
+        if setting != "columns.time"
+    ]
     problems.append((f"column {c.time!r} (columns.time) has values that are not times", ts.is_null()))
+    numeric = [("columns.rating", c.rating), ("columns.weight", c.weight)]
+    numeric += [(f"features.dense[{i}]", n) for i, n in enumerate(cfg.features.dense)]
+    for setting, n in numeric:
+        if n is not None and not schema[n].is_numeric():
+            raise BuildError(f"{what}: {setting}={n!r} has type {schema[n]}; expected numbers")
     if c.label is not None:
-        lab = pl.col(c.label)
-        dt = schema[c.label]
-        if dt == pl.Boolean:
-            pass
-        elif dt.is_integer():
+        lab, dt = pl.col(c.label), schema[c.label]
+        if dt.is_integer():
             problems.append(
                 (f"column {c.label!r} (columns.label) has values outside {{0, 1}}", ~lab.is_in([0, 1]))
             )
         elif dt.is_float():
-            problems.append(
-                (
-                    f"column {c.label!r} (columns.label) has values outside [0, 1]",
-                    (lab < 0) | (lab > 1) | lab.is_nan(),
-                )
-            )
-        else:
+            bad = (lab < 0) | (lab > 1) | lab.is_nan()
+            problems.append((f"column {c.label!r} (columns.label) has values outside [0, 1]", bad))
+        elif dt != pl.Boolean:
             raise BuildError(
                 f"{what}: columns.label={c.label!r} has type {dt}; expected 0/1, boolean or [0, 1] float"
             )
-    else:
-        dt = schema[c.rating]
-        if not dt.is_numeric():
-            raise BuildError(f"{what}: columns.rating={c.rating!r} has type {dt}; expected numbers")
-        if dt.is_float():
-            problems.append(
-                (f"column {c.rating!r} (columns.rating) has NaN values", pl.col(c.rating).is_nan())
-            )
+    elif schema[c.rating].is_float():
+        problems.append((f"column {c.rating!r} (columns.rating) has NaN values", pl.col(c.rating).is_nan()))
     if c.weight is not None:
-        w = pl.col(c.weight)
-        if not schema[c.weight].is_numeric():
-            raise BuildError(
-                f"{what}: columns.weight={c.weight!r} has type {schema[c.weight]}; expected numbers"
-            )
+        w = pl.col(c.weight).cast(pl.Float64)
         problems.append(
             (
                 f"column {c.weight!r} (columns.weight) has negative or non-finite values",
                 ~(w >= 0) | ~w.is_finite(),
             )
         )
-    for n in f.dense:
-        if not schema[n].is_numeric():
-            raise BuildError(f"{what}: features.dense column {n!r} has type {schema[n]}; expected numbers")
+    for n in cfg.features.dense:
         problems.append(
             (f"column {n!r} (features.dense) has non-finite values", ~pl.col(n).cast(pl.Float64).is_finite())
         )
+    return problems
+
+
+def _refuse_problems(lf, problems: list, what: str) -> int:
+    """Count every problem in one streaming pass; refuse them all at once, each with its count
+    and a few examples. Returns the number of events."""
+    import polars as pl
+
     counts = lf.select(
         pl.len().alias("rows"),
         *(pr.fill_null(True).sum().alias(str(i)) for i, (_, pr) in enumerate(problems)),
@@ -280,17 +287,20 @@ def typed_events(cfg: BuildConfig, lf, what: str):
             found.append(f"{text}: {n} of {rows} rows (e.g. {ex})")
     if found:
         raise BuildError(f"{what}:\n  " + "\n  ".join(found))
-    out = [
-        pl.col(c.user),
-        pl.col(c.item),
-        ts.alias(c.time),
-    ]
+    return rows
+
+
+def _typed_select(cfg: BuildConfig, schema: Any, ts: Any) -> tuple[list, EventColumns]:
+    """The columns the buckets carry, typed: time in int64 seconds, the label int8 (or a [0, 1]
+    float32), the rating, weight and dense values float32, booleans int8."""
+    import polars as pl
+
+    c, f = cfg.columns, cfg.features
+    label = c.label or "label"
+    out = [pl.col(c.user), pl.col(c.item), ts.alias(c.time)]
     if c.label is not None:
-        out.append(
-            pl.col(c.label).cast(
-                pl.Int8 if schema[c.label] == pl.Boolean or schema[c.label].is_integer() else pl.Float32
-            )
-        )
+        exact = schema[c.label] == pl.Boolean or schema[c.label].is_integer()
+        out.append(pl.col(c.label).cast(pl.Int8 if exact else pl.Float32))
     else:
         out += [
             pl.col(c.rating).cast(pl.Float32),
@@ -302,8 +312,7 @@ def typed_events(cfg: BuildConfig, lf, what: str):
     out += [pl.col(n).cast(pl.Float32) if n in f.dense else pl.col(n) for n in context]
     history = [n for n in f.history if n not in {c.label, c.rating} and n not in context]
     out += [pl.col(n).cast(pl.Int8) if schema[n] == pl.Boolean else pl.col(n) for n in history]
-    cols = EventColumns(c.user, c.item, c.time, label, c.rating, c.weight, context, list(f.history))
-    return lf.select(out).with_row_index(EID), cols, rows
+    return out, EventColumns(c.user, c.item, c.time, label, c.rating, c.weight, context, list(f.history))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -794,8 +803,8 @@ def write_bucket(
 def build(
     cfg: BuildConfig, out: Path, overwrite: bool = False, progress: bool | None = None
 ) -> dict[str, Any]:
-    """Build ``out`` from ``cfg`` (module docstring); returns build.json's content."""
-    import polars as pl
+    """Build ``out`` from ``cfg`` (module docstring); returns build.json's content. ``progress``:
+    a progress bar on stderr (None: when stderr is a terminal)."""
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -806,88 +815,22 @@ def build(
     what = f"events {locations[0]}" + (f" (+{len(locations) - 1} more)" if len(locations) > 1 else "")
     lf, files = scan(locations, what)
     events, cols, rows = typed_events(cfg, lf, what)
-    schema = events.collect_schema()
-    cols.dtypes = dict(schema)
-    emb_dims = cols.vector_dims = embedding_dims(events, cfg.features.embedding, what)
-    cuts = (
-        (_time_cut(cfg.split.val_start, "val_start"), _time_cut(cfg.split.test_start, "test_start"))
-        if cfg.split.by == "time"
-        else None
-    )
-    if cuts is not None and cuts[1] < cuts[0]:
-        raise BuildError(
-            f"split.test_start ({cfg.split.test_start}) is before split.val_start ({cfg.split.val_start})"
-        )
-    buckets = max(1, math.ceil(rows / cfg.bucket_rows))
-    counts = Counts(events=rows, buckets=buckets)
+    cols.dtypes = dict(events.collect_schema())
+    cols.vector_dims = embedding_dims(events, cfg.features.embedding, what)
+    counts = Counts(events=rows, buckets=max(1, math.ceil(rows / cfg.bucket_rows)))
     staging = out.parent / f".{out.name}.building"
     shutil.rmtree(staging, ignore_errors=True)
-    tmp = staging / "_tmp"
-    tmp.mkdir(parents=True)
-    steps = 2 + buckets * (2 + ("item" in cfg.features.priors))
-    bar = tqdm(
-        total=steps,
-        desc="data build",
-        unit="step",
-        disable=progress is False if progress is not None else None,
-        file=sys.stderr,
-    )
+    (staging / "_tmp").mkdir(parents=True)
+    steps = 2 + counts.buckets * (2 + ("item" in cfg.features.priors))
+    disable = None if progress is None else not progress
+    bar = tqdm(total=steps, desc="data build", unit="step", disable=disable, file=sys.stderr)
     try:
-        bar.set_postfix_str("partition")
-        partition(events, bucket_of(cols.user, buckets), tmp / "events")
-        users_lf = None
-        if cfg.users is not None:
-            users_lf, _ = side_frame(
-                cfg, cfg.users, schema[cols.user], f"users table {cfg.resolve(cfg.users.path)}"
-            )
-            partition(users_lf, bucket_of(cfg.users.id, buckets), tmp / "users")
-        bar.update(1)
-        bar.set_postfix_str("order and split")
-        first_pass(tmp, cols, cfg, cuts, buckets, counts, bar)
-        refuse_bad_counts(counts, cfg, what)
-        train_rate = counts.pos_rate("train")
-        if "item" in cfg.features.priors:
-            bar.set_postfix_str("item priors")
-            item_priors(tmp, cols, buckets, bar)
-        items = write_items(cfg, schema[cols.item], staging) if cfg.items is not None else None
-        bar.set_postfix_str("rows")
-        for b in range(buckets):
-            bar.update(1)
-            if not bucket_files(tmp / "events", BUCKET, b):
-                continue
-            users_side = None
-            if cfg.users is not None:
-                files = bucket_files(tmp / "users", BUCKET, b)
-                users_side = (
-                    pl.read_parquet(files) if files else pl.DataFrame(schema=dict(users_lf.collect_schema()))
-                ).rename({cfg.users.id: cols.user})
-            tables = bucket_rows(tmp, b, cols, cfg, cuts, train_rate, users_side)
-            if users_side is not None:
-                missing = _missing_side_rows(tables, cfg)
-                counts.users_without_side_row += missing
-            write_bucket(tables, staging, b, cfg, counts, HIST + cols.item)
-        if cfg.users is not None and cfg.users.dense and counts.users_without_side_row:
-            raise BuildError(
-                f"users table {cfg.resolve(cfg.users.path)}: {counts.users_without_side_row} events' users "
-                f"have no row, and its dense columns {cfg.users.dense} have no value for them"
-            )
-        shutil.rmtree(tmp)
-        bar.set_postfix_str("vocabularies")
-        raw = spec_dict(cfg, cols, dict(schema), items, emb_dims)
-        train = sorted((staging / "train").glob("*.parquet"))
-        dense = [*cfg.features.dense, *(cfg.users.dense if cfg.users else [])]
-        priors = [n for n in PRIOR_LOG1P if n.split("_")[0] in cfg.features.priors]
-        log1p = set(cfg.features.log1p) | {n for n in priors if PRIOR_LOG1P[n]}
-        raw["dense"] = dense_stats(train, dense + priors, log1p)
-        (staging / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, width=100))
-        min_counts = {cols.user: cfg.features.user_id.min_count} if cfg.features.user_id else {}
-        fitted = fit_vocabularies(staging, cfg.min_count, refit=True, min_counts=min_counts)
-        bar.update(1)
+        fitted = _stages(cfg, events, cols, _cuts(cfg), counts, staging, bar, what)
     except BaseException:
-        bar.close()
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    bar.close()
+    finally:
+        bar.close()
     took = time.perf_counter() - t0
     report = {
         "events": files if len(files) <= 20 else files[:20] + [f"... {len(files) - 20} more"],
@@ -901,7 +844,7 @@ def build(
             }
             for v in fitted
         },
-        "train_pos_rate": train_rate,
+        "train_pos_rate": counts.pos_rate("train"),
         "seconds": round(took, 3),
         "events_per_second": round(rows / took, 1),
         "peak_rss_mib": round(peak_rss_mib(), 1),
@@ -912,6 +855,89 @@ def build(
         shutil.rmtree(out)
     staging.rename(out)
     return report
+
+
+def _cuts(cfg: BuildConfig) -> tuple[int, int] | None:
+    """``split.by: time``: the val and test starts in seconds."""
+    if cfg.split.by != "time":
+        return None
+    cuts = (_time_cut(cfg.split.val_start, "val_start"), _time_cut(cfg.split.test_start, "test_start"))
+    if cuts[1] < cuts[0]:
+        raise BuildError(
+            f"split.test_start ({cfg.split.test_start}) is before split.val_start ({cfg.split.val_start})"
+        )
+    return cuts
+
+
+def _stages(
+    cfg: BuildConfig, events, cols: EventColumns, cuts, counts: Counts, staging: Path, bar, what: str
+):
+    """Stages 2-6 into ``staging``; returns the fitted vocabularies."""
+    tmp, buckets = staging / "_tmp", counts.buckets
+    bar.set_postfix_str("partition")
+    partition(events, bucket_of(cols.user, buckets), tmp / "events")
+    users_schema = None
+    if cfg.users is not None:
+        where = f"users table {cfg.resolve(cfg.users.path)}"
+        users_lf, _ = side_frame(cfg, cfg.users, cols.dtypes[cols.user], where)
+        users_schema = dict(users_lf.collect_schema())
+        partition(users_lf, bucket_of(cfg.users.id, buckets), tmp / "users")
+    bar.update(1)
+    bar.set_postfix_str("order and split")
+    first_pass(tmp, cols, cfg, cuts, buckets, counts, bar)
+    refuse_bad_counts(counts, cfg, what)
+    if "item" in cfg.features.priors:
+        bar.set_postfix_str("item priors")
+        item_priors(tmp, cols, buckets, bar)
+    items = write_items(cfg, cols.dtypes[cols.item], staging) if cfg.items is not None else None
+    bar.set_postfix_str("rows")
+    _write_rows(cfg, cols, cuts, counts, staging, users_schema, bar)
+    shutil.rmtree(tmp)
+    bar.set_postfix_str("vocabularies")
+    fitted = _fit_on_train(cfg, cols, items, staging)
+    bar.update(1)
+    return fitted
+
+
+def _write_rows(
+    cfg: BuildConfig, cols: EventColumns, cuts, counts: Counts, staging: Path, users_schema, bar
+) -> None:
+    """Stage 5 over every bucket; events whose user the users table lacks are counted (an error
+    when it has dense columns, which have no value for them)."""
+    import polars as pl
+
+    tmp = staging / "_tmp"
+    for b in range(counts.buckets):
+        bar.update(1)
+        if not bucket_files(tmp / "events", BUCKET, b):
+            continue
+        users_side = None
+        if cfg.users is not None:
+            files = bucket_files(tmp / "users", BUCKET, b)
+            users_side = pl.read_parquet(files) if files else pl.DataFrame(schema=users_schema)
+            users_side = users_side.rename({cfg.users.id: cols.user})
+        tables = bucket_rows(tmp, b, cols, cfg, cuts, counts.pos_rate("train"), users_side)
+        if users_side is not None:
+            counts.users_without_side_row += _missing_side_rows(tables, cfg)
+        write_bucket(tables, staging, b, cfg, counts, HIST + cols.item)
+    if cfg.users is not None and cfg.users.dense and counts.users_without_side_row:
+        raise BuildError(
+            f"users table {cfg.resolve(cfg.users.path)}: {counts.users_without_side_row} events' users "
+            f"have no row, and its dense columns {cfg.users.dense} have no value for them"
+        )
+
+
+def _fit_on_train(cfg: BuildConfig, cols: EventColumns, items: dict[str, Any] | None, staging: Path) -> list:
+    """Stage 6: the dense normalisation and the vocabularies, from the train split; spec.yaml."""
+    raw = spec_dict(cfg, cols, cols.dtypes, items, cols.vector_dims)
+    train = sorted((staging / "train").glob("*.parquet"))
+    dense = [*cfg.features.dense, *(cfg.users.dense if cfg.users else [])]
+    priors = [n for n in PRIOR_LOG1P if n.split("_")[0] in cfg.features.priors]
+    log1p = set(cfg.features.log1p) | {n for n in priors if PRIOR_LOG1P[n]}
+    raw["dense"] = dense_stats(train, dense + priors, log1p)
+    (staging / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, width=100))
+    min_counts = {cols.user: cfg.features.user_id.min_count} if cfg.features.user_id else {}
+    return fit_vocabularies(staging, cfg.min_count, refit=True, min_counts=min_counts)
 
 
 def _required_where_full(t: pa.Table) -> pa.Schema:
