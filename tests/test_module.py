@@ -830,3 +830,25 @@ def test_a_rank_without_predict_rows_still_joins_the_unknown_id_sum(tiny_data):
         m.on_predict_end()
     reduce.assert_called_once()
     assert reduce.call_args.args[0].tolist() == [0.0] * len(dm.oov_fields)
+
+
+def test_pairwise_loss_is_ranknet_over_same_group_pairs():
+    from recformer.module import pairwise_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, generator=g, requires_grad=True)
+    label = (torch.rand(40, generator=g) < 0.4).float()
+    group = torch.randint(0, 5, (40,), generator=g)
+    terms = [
+        torch.nn.functional.softplus(-(logits[i] - logits[j]))
+        for i in range(40)
+        for j in range(40)
+        if group[i] == group[j] and label[i] > label[j]
+    ]
+    assert len(terms) > 10
+    got = pairwise_loss(logits, label, group)
+    assert torch.allclose(got, torch.stack(terms).mean())
+    got.backward()
+    pos = (label == 1) & (group == group[0])
+    assert (logits.grad[pos] <= 0).all()  # descent raises the positives' scores
+    assert pairwise_loss(logits, torch.ones(40), group).item() == 0.0  # no pair: no loss
