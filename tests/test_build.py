@@ -362,7 +362,8 @@ def test_parquet_vectors_become_embedding_tokens(tmp_path):
 def test_the_shipped_example_builds_the_shipped_ratings(tmp_path):
     """configs/data/build-example.yaml on data/ml-latest-small/ratings.csv: the MovieLens split."""
     root = Path(__file__).resolve().parents[1]
-    report = build(BuildConfig.load(root / "configs/data/build-example.yaml"), tmp_path / "ml", progress=False)
+    example = BuildConfig.load(root / "configs/data/build-example.yaml")
+    report = build(example, tmp_path / "ml", progress=False)
     assert report["counts"]["rows"] == {"train": 81200, "val": 9818, "test": 9818}
     assert report["counts"]["events"] == 100836 and report["counts"]["duplicates"] == 0
     spec = FeatureSpec.load(tmp_path / "ml" / "spec.yaml")

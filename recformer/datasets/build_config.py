@@ -29,11 +29,13 @@ against the data by the builder (``build.py``) before anything is written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from recformer.config import _coerce
 
 TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 """Integer time units and how many of them make a second."""
@@ -42,20 +44,11 @@ PRIORS = ("user", "item")
 
 
 def _strict(cls: type, raw: Any, where: str) -> Any:
-    """``cls(**raw)``, with unknown or missing keys and refused values named by their setting."""
-    if isinstance(raw, cls):
-        return raw
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping, found {type(raw).__name__} {raw!r}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; known keys are {sorted(known)}")
+    """``cls`` from a mapping (``config._coerce``: unknown keys named), with a missing key or a
+    refused value named by its setting (``columns: ...``)."""
     try:
-        return cls(**raw)
-    except TypeError as e:  # a required key missing
-        raise ValueError(f"{where}: {e}") from None
-    except ValueError as e:
+        return _coerce(cls, raw)
+    except (TypeError, ValueError) as e:  # TypeError: a required key missing
         raise ValueError(f"{where}: {e}") from None
 
 
