@@ -62,6 +62,10 @@ from recformer.data.schema import CHECKSUMS, required
 from recformer.datasets.build_config import TIME_UNITS, BuildConfig, SideTable
 from recformer.datasets.vocab import fit as fit_vocabularies
 
+# polars is imported inside the functions that use it: a process that imports this module (the
+# MovieLens builder does) must not hold polars' thread pool when it forks DataLoader workers
+# (DESIGN section 7: polars in the parent deadlocks forked workers).
+
 SPLITS = ("train", "val", "test")
 HIST = "hist_"
 GAPS = "hist_gaps"
