@@ -378,3 +378,16 @@ def test_nulls_in_every_named_column_are_counted(tmp_path, capsys):
     )
     err = _fails(tmp_path, df, capsys, features={"categorical": ["device", "action"], "history": ["click"]})
     assert "column 'device' (features.categorical[0]) has null values: 4 of" in err
+
+
+def test_events_on_the_command_line_replace_the_mappings(built, tmp_path, monkeypatch):
+    """--events paths are relative to the working directory; the mapping's are replaced."""
+    _, df = built
+    df[: df.height // 2].write_parquet(tmp_path / "half.parquet")
+    (tmp_path / "elsewhere").mkdir()
+    mapping = _mapping(tmp_path / "elsewhere", "nothing.parquet")
+    monkeypatch.chdir(tmp_path)
+    args = ["data", "build", str(mapping), "--events", "half.parquet", "--out", str(tmp_path / "o")]
+    assert recformer_main(args) == 0
+    report = json.loads((tmp_path / "o" / "build.json").read_text())
+    assert report["counts"]["events"] == df.height // 2

@@ -992,10 +992,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = BuildConfig.load(args.mapping)
         if args.events:
-            cfg.events, cfg.path = (
-                [str(Path(e).resolve()) if "://" not in e else e for e in args.events],
-                cfg.path,
-            )
+            # Paths given here are relative to the working directory, not to the mapping.
+            cfg.events = [e if "://" in e else str(Path(e).resolve()) for e in args.events]
         report = build(cfg, args.out, args.overwrite, progress=False if args.no_progress else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"recformer data build: error: {e}", file=sys.stderr)
