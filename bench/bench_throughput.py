@@ -46,6 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
     p.add_argument("--options", nargs="*", default=list(OPTIONS), choices=list(OPTIONS))
     p.add_argument("--reference", default="transformer")
+    p.add_argument(
+        "--per-slot-content",
+        action="store_true",
+        help="also each model with its content projected per item slot (the pre-2026-12-01 CPU path)",
+    )
     p.add_argument("--data", type=Path, default=ROOT / "data" / "movielens")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=40, help="timed steps per model")
@@ -129,6 +134,13 @@ def main(argv: list[str] | None = None) -> dict:
             if len(batches) == a.warmup + a.steps:
                 break
     models = {name: build(m, dm) for name, m in variants(a).items()}
+    if a.per_slot_content:
+        for name, m in list(variants(a).items()):
+            module, optimizer = build(m, dm)
+            tokens = getattr(module.ranker, "tokens", None)
+            if " " not in name and tokens is not None:  # the models with a tokenizer, not the options
+                tokens.content_once_per_item = False
+                models[f"{name} per-slot content"] = (module, optimizer)
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
         for name, (module, optimizer) in models.items():

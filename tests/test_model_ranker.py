@@ -232,3 +232,27 @@ def test_compiled_and_eager_ranker_agree_and_share_state_dict_keys() -> None:
 @pytest.mark.slow
 def test_compiled_inductor_ranker_agrees_with_eager() -> None:
     _compile_parity("inductor")
+
+
+def test_content_projected_once_per_item_equals_per_slot():
+    """The CPU path projecting each distinct item's content once gives the per-slot outputs and
+    gradients (to float rounding)."""
+    dims = tiny_dims()
+    torch.manual_seed(0)
+    a = Ranker(RankerConfig(d_model=16, n_layers=1, n_heads=2), dims)
+    a.set_item_tables(*random_item_tables(dims, 0))
+    with torch.no_grad():  # off the zero-initialised head, so gradients reach the tokens
+        for p in a.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    b = Ranker(RankerConfig(d_model=16, n_layers=1, n_heads=2), dims)
+    b.load_state_dict(a.state_dict())
+    b.tokens.content_once_per_item = False
+    batch = random_batch(dims, 32, seed=1)
+    assert len(torch.unique(batch.hist_item)) < batch.hist_item.numel()  # items repeat
+    out_a, out_b = a(batch), b(batch)
+    torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-6)
+    out_a.sum().backward()
+    out_b.sum().backward()
+    grad_a, grad_b = a.tokens.content_proj.weight.grad, b.tokens.content_proj.weight.grad
+    assert grad_a.abs().sum() > 0
+    torch.testing.assert_close(grad_a, grad_b, rtol=1e-4, atol=1e-6)

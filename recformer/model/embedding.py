@@ -333,13 +333,11 @@ class FeatureTokenizer(nn.Module):
         """The history events' and the target's tokens, with each item's content projection added
         to its token or as a token of its own (``content_tokens``), and those content tokens'
         validity (their events' mask)."""
-        B, S, L = items_BSD.shape[0], items_BSD.shape[1], self.max_len
+        B, L = items_BSD.shape[0], self.max_len
         none_BT = batch.hist_mask.new_ones(B, 0)
         if not self.dims.content_dim:
             return [items_BSD], none_BT
-        w = self.content_proj.weight
-        content_BSP = self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
-        c_BSD = self.content_proj(content_BSP)
+        c_BSD = self._content(items_BS)
         if self.content_tokens == "add":
             return [items_BSD + c_BSD], none_BT
         if self.content_tokens == "target":  # events keep theirs added; the target's is a token
@@ -347,6 +345,28 @@ class FeatureTokenizer(nn.Module):
             return [events_BLD, c_BSD[:, L:], items_BSD[:, L:]], batch.hist_mask.new_ones(B, 1)
         ones_B1 = batch.hist_mask.new_ones(B, 1)  # "all": every item slot's content is a token
         return [items_BSD[:, :L], c_BSD, items_BSD[:, L:]], torch.cat([batch.hist_mask, ones_B1], dim=1)
+
+    content_once_per_item: bool = True
+    """Project each distinct item's content once per batch on CPU (``_content``); False: once per
+    slot, as on GPU (``bench/bench_throughput.py --per-slot-content`` compares the two)."""
+
+    def _content(self, items_BS: torch.Tensor) -> torch.Tensor:
+        """The projected content of every item slot, [B, S, D].
+
+        On CPU, eager: a batch's B x S slots name far fewer distinct items (MovieLens, batch 256:
+        13,056 slots), so each distinct item's vector is gathered and projected once and the rows
+        are copied out by index; the projection's forward and weight gradient shrink by the same
+        factor. Elsewhere the per-slot gather: ``torch.unique`` has a data-dependent size, a device
+        sync on GPU and a dynamic shape for ``torch.compile`` / ``torch.export``."""
+        w = self.content_proj.weight
+        B, S = items_BS.shape
+        flat_N = items_BS.flatten()
+        eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        if self.content_once_per_item and items_BS.device.type == "cpu" and eager:
+            unique_U, inverse_N = torch.unique(flat_N, return_inverse=True)
+            c_UD = self.content_proj(self.item_content.index_select(0, unique_U).to(w.dtype))
+            return c_UD.index_select(0, inverse_N).view(B, S, -1)
+        return self.content_proj(self.item_content.index_select(0, flat_N).view(B, S, -1).to(w.dtype))
 
     def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
         return item_id_rows(items_BS, self.dims)
