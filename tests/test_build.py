@@ -391,3 +391,21 @@ def test_events_on_the_command_line_replace_the_mappings(built, tmp_path, monkey
     assert recformer_main(args) == 0
     report = json.loads((tmp_path / "o" / "build.json").read_text())
     assert report["counts"]["events"] == df.height // 2
+
+
+def test_a_csv_column_changing_type_is_one_line_not_a_traceback(tmp_path, capsys):
+    rows = ["uid,iid,ts,click"] + [f"u{i % 7},{i},{1_600_000_000 + i},{i % 2}" for i in range(20)]
+    rows.append("u1,notanumber,1600000100,1")
+    (tmp_path / "e.csv").write_text("\n".join(rows) + "\n")
+    raw = {"events": "e.csv", "columns": {"user": "uid", "item": "iid", "time": "ts", "label": "click"}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
+    import recformer.datasets.build as b
+
+    old, b.CSV_INFER_ROWS = b.CSV_INFER_ROWS, 10  # polars types the column from its first 10 rows
+    try:
+        assert recformer_main(["data", "build", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "o")]) == 2
+    finally:
+        b.CSV_INFER_ROWS = old
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "reading the events or a side table failed" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / ".o.building").exists()

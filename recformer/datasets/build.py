@@ -989,6 +989,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import polars as pl
+
     try:
         cfg = BuildConfig.load(args.mapping)
         if args.events:
@@ -997,6 +999,15 @@ def run(args: argparse.Namespace) -> int:
         report = build(cfg, args.out, args.overwrite, progress=False if args.no_progress else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"recformer data build: error: {e}", file=sys.stderr)
+        return 2
+    except pl.exceptions.PolarsError as e:  # a file polars cannot read or parse as typed
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(
+            f"recformer data build: error: reading the events or a side table failed ({type(e).__name__}: "
+            f"{first}); a CSV column whose values change type after the first {CSV_INFER_ROWS} rows "
+            "reads as the first rows' type: convert the file to Parquet, or fix the column",
+            file=sys.stderr,
+        )
         return 2
     print(summary_text(report, args.out))
     return 0
