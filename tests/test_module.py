@@ -852,3 +852,12 @@ def test_pairwise_loss_is_ranknet_over_same_group_pairs():
     pos = (label == 1) & (group == group[0])
     assert (logits.grad[pos] <= 0).all()  # descent raises the positives' scores
     assert pairwise_loss(logits, torch.ones(40), group).item() == 0.0  # no pair: no loss
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs" / "model").glob("*.yaml")))
+def test_every_shipped_model_preset_builds(preset, tiny_data, tmp_path):
+    """Each configs/model/*.yaml (with base.yaml's trainer) builds its ranker on a data folder."""
+    cli = cli_main(
+        [f"--config={ROOT / 'configs/model' / preset}", *fit_args(tiny_data, tmp_path)[1:]], run=False
+    )
+    assert sum(p.numel() for p in cli.model.parameters()) > 0
