@@ -119,12 +119,19 @@ class Features:
     """Which columns become which tokens."""
 
     categorical: list[str] = field(default_factory=list)
+    """Context columns, one token each (a vocabulary fit on train)."""
     dense: list[str] = field(default_factory=list)
+    """Numeric columns, normalised with train's mean and std."""
     log1p: list[str] = field(default_factory=list)
+    """Of the dense columns: ``sign(x) log1p(|x|)`` before normalising (counts, prices)."""
     embedding: list[str] = field(default_factory=list)
+    """Per-row float-vector columns, one projected token each."""
     history: list[str] = field(default_factory=list)
+    """Event columns carried in the history, aligned with its items (the label or rating too)."""
     time: list[str] = field(default_factory=list)
+    """Calendar features of the event: ``hour`` (UTC) and ``dow`` (Monday = 0)."""
     priors: list[str] = field(default_factory=list)
+    """``user`` and / or ``item``: events and smoothed positive rate strictly before the event."""
     user_id: UserId | None = None
     """The user id as a token (none: the user is known by its history only)."""
 
@@ -153,7 +160,9 @@ class SideTable:
     id: str
     """Its id column (the same values as the event log's user or item column)."""
     categorical: list[str] = field(default_factory=list)
+    """Categorical columns: item side features (the item token), or user context tokens."""
     dense: list[str] = field(default_factory=list)
+    """Users only: numeric columns, normalised on train."""
     content: str | None = None
     """Items only: a float-vector column, the item's content embedding (one token per item)."""
 
@@ -200,12 +209,19 @@ class BuildConfig:
     events: list[str]
     """Event files: paths, folders, globs or URIs (CSV or Parquet)."""
     columns: Columns
+    """Which event column is the user, item, time, label or rating, weight."""
     rating_threshold: float | None = None
+    """With ``columns.rating``: label = rating >= this."""
     time: TimeFormat = field(default_factory=TimeFormat)
+    """How the time column reads as seconds."""
     features: Features = field(default_factory=Features)
+    """Which columns become which tokens."""
     items: SideTable | None = None
+    """The item side table (categorical features, a content vector)."""
     users: SideTable | None = None
+    """The users table (categorical and dense columns joined to each event)."""
     split: Split = field(default_factory=Split)
+    """Per-user shares or a global time cut."""
     max_len: int = 50
     """History events kept per row (the most recent strictly earlier ones)."""
     duplicates: Literal["error", "drop"] = "error"
