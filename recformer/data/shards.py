@@ -93,15 +93,17 @@ def read_footer(path: str) -> pq.FileMetaData:  # a local path or a URI
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 
 
-def _hidden(path: Path, under: Path) -> bool:
+def _hidden(parts: Sequence[str]) -> bool:
     """Hidden or bookkeeping (``.crc``, ``_SUCCESS``, ``_temporary/``) as Spark and Arrow datasets
-    write them: a name under ``under`` starting with ``.`` or ``_``."""
-    return any(part.startswith((".", "_")) for part in path.relative_to(under).parts)
+    write them: a name (of a path's parts below the split folder) starting with ``.`` or ``_``."""
+    return any(part.startswith((".", "_")) for part in parts)
 
 
 def _split_dir_files(d: Path) -> list[Path]:
     """Every visible file under ``d``, at any depth (partitioned logs: ``d/date=.../part.parquet``)."""
-    return sorted(p for p in d.rglob("*") if p.is_file() and not _hidden(p, d)) if d.is_dir() else []
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.rglob("*") if p.is_file() and not _hidden(p.relative_to(d).parts))
 
 
 def _scan_split(root: Path | str, split: str) -> tuple[list, list]:
@@ -110,9 +112,7 @@ def _scan_split(root: Path | str, split: str) -> tuple[list, list]:
     (``storage``), the same rules over URIs (strings)."""
     if storage.is_uri(root):
         d = str(storage.join(root, split))
-        # Hidden or bookkeeping names, as ``_hidden`` skips them locally.
-        parts = {f: f[len(d) + 1 :].split("/") for f in storage.list_files(d)}
-        visible = [f for f, ps in parts.items() if not any(p.startswith((".", "_")) for p in ps)]
+        visible = [f for f in storage.list_files(d) if not _hidden(f[len(d) + 1 :].split("/"))]
         files = [f for f in visible if f.endswith(".parquet")]
         single = str(storage.join(root, f"{split}.parquet"))
         if not files and storage.is_file(single):
@@ -128,7 +128,7 @@ def _scan_split(root: Path | str, split: str) -> tuple[list, list]:
 
 def find_split_files(root: str | Path, split: str) -> list[Path]:
     """``root/split/**/*.parquet`` (or ``root/split.parquet``), sorted by path; [] if there are none."""
-    return _scan_split(root if storage.is_uri(root) else Path(root), split)[0]
+    return _scan_split(root, split)[0]
 
 
 OWN_PARTS = "part-*.parquet"
@@ -169,7 +169,7 @@ def remove_own_parts(root: Path, splits: Sequence[str]) -> None:
 def list_split_files(root: str | Path, split: str) -> list[Path]:
     """``find_split_files``, or an error naming where the files were expected. Other visible files
     in the split's folder are named in a warning, not read."""
-    files, others = _scan_split(root if storage.is_uri(root) else Path(root), split)
+    files, others = _scan_split(root, split)
     d = storage.join(root, split)
     if not files:
         raise DataError(f"{split} split: no Parquet files under {d} (expected {d}/*.parquet)")

@@ -27,9 +27,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-LOCAL_FILES = ("spec.yaml",)
 LOCAL_FOLDERS = ("vocab",)
-"""What ``localize`` copies besides the side table the spec names."""
+"""What ``localize`` copies besides spec.yaml and the side table the spec names."""
 
 
 def is_uri(path: str | Path) -> bool:
@@ -45,9 +44,10 @@ def join(root: str | Path, *parts: str) -> str | Path:
 
 
 @functools.lru_cache(maxsize=16)
-def _filesystem(prefix: str) -> pafs.FileSystem:
-    fs, _ = pafs.FileSystem.from_uri(prefix)
-    return fs
+def _filesystem(prefix: str) -> tuple[pafs.FileSystem, str]:
+    """The file system of ``scheme://bucket`` and that prefix's path in it, made once per process
+    (an S3 file system is a client: making one per file opened would cost a client per open)."""
+    return pafs.FileSystem.from_uri(prefix)
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -55,11 +55,12 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme, rest = uri.split("://", 1)
     bucket = rest.split("/", 1)[0]
     try:
-        fs = _filesystem(f"{scheme}://{bucket}")
-        _, path = pafs.FileSystem.from_uri(uri)
+        if not bucket:  # file:///path: no bucket to key on, and a local file system costs nothing
+            return pafs.FileSystem.from_uri(uri)
+        fs, base = _filesystem(f"{scheme}://{bucket}")
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
         raise FileNotFoundError(f"{uri}: no file system reads it ({e})") from None
-    return fs, path
+    return fs, base.rstrip("/") + rest[len(bucket) :]
 
 
 def list_files(uri: str) -> list[str]:

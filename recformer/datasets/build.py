@@ -58,6 +58,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from recformer.data import storage
 from recformer.data.schema import CHECKSUMS, required
 from recformer.datasets.build_config import TIME_UNITS, BuildConfig, SideTable
 from recformer.datasets.vocab import fit as fit_vocabularies
@@ -87,7 +88,7 @@ class BuildError(ValueError):
 
 def expand(location: str, what: str) -> tuple[list[str], str]:
     """The files behind a path, folder or glob (sorted), and their format; a URI stays as given."""
-    if "://" in location:
+    if storage.is_uri(location):
         fmt = FORMATS.get(Path(location.split("?")[0].rstrip("/")).suffix.lower())
         if fmt is None:  # a prefix: polars lists it; Parquet is what object stores hold
             return [location.rstrip("/") + "/**/*.parquet"], "parquet"
@@ -628,10 +629,11 @@ def side_frame(cfg: BuildConfig, side: SideTable, key_dtype: Any, what: str):
         raise BuildError(
             f"{what}: id column {side.id!r} has {rows - ids} repeated ids ({rows} rows, {ids} ids)"
         )
-    for c in side.dense:
-        bad = lf.select((~pl.col(c).is_finite()).fill_null(True).sum()).collect(engine="streaming").item()
-        if bad:
-            raise BuildError(f"{what}: dense column {c!r} has {bad} null or non-finite values")
+    if side.dense:  # every dense column counted in one streaming pass
+        bad = lf.select(*((~pl.col(c).is_finite()).fill_null(True).sum().alias(c) for c in side.dense))
+        for c, n in zip(side.dense, bad.collect(engine="streaming").row(0)):
+            if n:
+                raise BuildError(f"{what}: dense column {c!r} has {n} null or non-finite values")
     return lf, rows
 
 
@@ -764,14 +766,19 @@ def spec_dict(
 
 
 def embedding_dims(lf, names: list[str], what: str) -> dict[str, int]:
+    """Each vector column's length, every column in one streaming pass; one length per column."""
     import polars as pl
 
+    if not names:
+        return {}
+    lens = [pl.col(n).list.len() for n in names]
+    lo_hi = [x.min().alias(f"lo{i}") for i, x in enumerate(lens)] + [
+        x.max().alias(f"hi{i}") for i, x in enumerate(lens)
+    ]
+    got = lf.select(*lo_hi).collect(engine="streaming").row(0)
     dims = {}
-    for n in names:
-        got = lf.select(
-            pl.col(n).list.len().min().alias("lo"), pl.col(n).list.len().max().alias("hi")
-        ).collect(engine="streaming")
-        lo, hi = int(got["lo"][0] or 0), int(got["hi"][0] or 0)
+    for i, n in enumerate(names):
+        lo, hi = int(got[i] or 0), int(got[len(names) + i] or 0)
         if lo != hi or lo == 0:
             raise BuildError(
                 f"{what}: features.embedding column {n!r} must hold vectors of one length (found {lo}..{hi})"
@@ -995,7 +1002,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = BuildConfig.load(args.mapping)
         if args.events:
             # Paths given here are relative to the working directory, not to the mapping.
-            cfg.events = [e if "://" in e else str(Path(e).resolve()) for e in args.events]
+            cfg.events = [e if storage.is_uri(e) else str(Path(e).resolve()) for e in args.events]
         report = build(cfg, args.out, args.overwrite, progress=False if args.no_progress else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"recformer data build: error: {e}", file=sys.stderr)
