@@ -521,6 +521,12 @@ class RankerConfig:
     """A learned logit per target item added to the head's output: the first-order term of
     FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
     blocks need not carry, and the tokens model how it differs by user and context."""
+    fm: bool = False
+    """DeepFM's factorisation machine beside the blocks: the pairwise inner products of the fields
+    (context tokens, mean-pooled history, target; ``model/fm.py``) added to the head's logit
+    (Rendle 2010; Guo et al. 2017). Explicit user x item and history x item crosses, the
+    within-user (GAUC) signal DeepFM and DCN-V2 have and attention must otherwise learn. No
+    parameters of its own; under muP multiplied by 1/m like the readout."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0

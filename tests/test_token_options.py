@@ -100,3 +100,23 @@ def test_the_item_bias_starts_at_zero_and_adds_one_learned_logit_per_target_item
         moved = ranker(batch) - base(batch)
     same = batch.target_item == batch.target_item[0]
     torch.testing.assert_close(moved, torch.where(same, 2.0, 0.0))
+
+
+def test_the_fm_option_adds_every_pairwise_field_product_to_the_logit():
+    base, batch = _ranker()
+    ranker, _ = _ranker(fm=True)
+    assert sum(p.numel() for p in ranker.parameters()) == sum(p.numel() for p in base.parameters())
+    x_BTD, _ = ranker.tokens(batch)
+    tok, L = ranker.tokens, ranker.dims.max_len
+    # The fields by hand: context tokens but CLS, the history averaged over valid events, the target.
+    m_BL = batch.hist_mask.float()
+    n_B1 = m_BL.sum(1, keepdim=True).clamp_min(1)  # no events: the pooled field is zero
+    pooled_BD = (x_BTD[:, tok.n_context : tok.n_context + L] * m_BL[..., None]).sum(1) / n_B1
+    fields = [x_BTD[:, i] for i in range(1, tok.n_context)] + [pooled_BD, x_BTD[:, -1]]
+    want_B = sum(
+        (fields[i] * fields[j]).sum(-1) for i in range(len(fields)) for j in range(i + 1, len(fields))
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(ranker(batch) - base(batch), want_B)
+        logits_B, _ = ranker.forward_stats(batch)
+        torch.testing.assert_close(logits_B, ranker(batch))

@@ -33,7 +33,7 @@ from torch import nn
 
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.model import flops
+from recformer.model import flops, fm
 from recformer.model.blocks import PostNormBlock
 from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_tokens
@@ -148,19 +148,14 @@ class TokenBaseline(nn.Module):
         return kinds
 
     def fields(self, batch: Batch) -> torch.Tensor:
-        """[B, n_fields, D]: the context tokens (not CLS), the history mean-pooled over its events
-        (when there is one), the target item token."""
+        """[B, n_fields, D]: the FM fields (``model/fm.py``): context tokens but CLS, the pooled
+        history, the target item token."""
         x_BTD, _ = self.tokens(batch)
-        fields = [x_BTD[:, 1 : self.n_context]]
-        if self.max_len:
-            hist_BLD = x_BTD[:, self.n_context : self.n_context + self.max_len]
-            m_BL1 = batch.hist_mask.unsqueeze(-1).to(hist_BLD.dtype)
-            fields.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
-        return torch.cat([*fields, x_BTD[:, -1:]], dim=1)
+        return fm.fields(self.tokens, x_BTD, batch.hist_mask)
 
     @property
     def n_fields(self) -> int:
-        return self.n_context - 1 + (1 if self.max_len else 0) + 1
+        return fm.n_fields(self.tokens)
 
 
 class DINRanker(TokenBaseline):
@@ -230,8 +225,7 @@ class DeepFMRanker(TokenBaseline):
     def forward(self, batch: Batch) -> torch.Tensor:
         v_BFD = self.fields(batch)
         flat_BX = v_BFD.flatten(1)
-        # sum over pairs i < j of <v_i, v_j> = ((sum_i v_i)^2 - sum_i v_i^2) / 2, per dimension
-        fm_B = 0.5 * (v_BFD.sum(1).square() - v_BFD.square().sum(1)).sum(-1)
+        fm_B = fm.pairwise(v_BFD)
         return (self.first(flat_BX).squeeze(-1) + fm_B + self.out(self.dnn(flat_BX)).squeeze(-1)).float()
 
 

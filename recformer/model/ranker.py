@@ -21,7 +21,7 @@ from torch import nn
 
 from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
-from recformer.model import flops
+from recformer.model import flops, fm
 from recformer.model.blocks import NORMALISED_STREAM, make_block
 from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_weights
@@ -142,23 +142,35 @@ class Ranker(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         """Click logits, float32 [B]."""
         x_BTD, valid_BT = self.tokens(batch)
+        wide_B = self._wide(x_BTD, batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         for block in self.blocks[:-1]:
             x_BTD = block(x_BTD, attend_B11T)
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
         # and MLP on R tokens instead of T); their keys and values still come from every token.
         z_BRD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
-        return self._with_bias(self.head(self.final_norm(z_BRD)), batch)
+        return self._logits(self.head(self.final_norm(z_BRD)), wide_B)
 
-    def _with_bias(self, logits_B: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def _wide(self, x_BTD: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        """The terms added beside the blocks, from the tokens and the target: the per-item bias
+        (``item_bias``) and the FM crosses (``fm``); None when neither is on."""
+        wide_B = None
         if self.item_bias is not None:
-            logits_B = logits_B + self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1)
-        return logits_B.float()
+            wide_B = self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1)
+        if self.cfg.fm:
+            cross_B = fm.pairwise(fm.fields(self.tokens, x_BTD, batch.hist_mask)) * self.head.readout_mult
+            wide_B = cross_B if wide_B is None else wide_B + cross_B
+        return wide_B
+
+    @staticmethod
+    def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
+        return (head_B if wide_B is None else head_B + wide_B).float()
 
     @torch.compiler.disable
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
         """The logits of ``forward`` and the blocks' statistics (``BlockStats``), eagerly."""
         x_BTD, valid_BT = self.tokens(batch)
+        wide_B = self._wide(x_BTD, batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         if valid_BT is None:
             valid_BT = torch.ones(x_BTD.shape[:2], dtype=torch.bool, device=x_BTD.device)
@@ -178,7 +190,7 @@ class Ranker(nn.Module):
             hidden.append(y_BTD.detach())
             x_BTD = y_BTD
         # Select first, then normalise: the final norm is per token, so only the read tokens need it.
-        logits_B = self._with_bias(self.head(self.final_norm(self.head.select(x_BTD))), batch)
+        logits_B = self._logits(self.head(self.final_norm(self.head.select(x_BTD))), wide_B)
         stats = BlockStats(
             hidden, torch.stack(resid), torch.stack(logit_max), torch.stack(entropy), torch.stack(cos)
         )

@@ -1,0 +1,39 @@
+"""Factorisation-machine interactions over the tokenizer's fields (Rendle 2010), as DeepFM's FM
+component computes them (Guo et al. 2017): shared by ``DeepFMRanker`` and the Transformer's
+``fm`` option.
+
+The fields are the tokenizer's context tokens (not CLS), the history mean-pooled over its valid
+events (as FuxiCTR and TorchRec pool a sequence feature) when there is one, and the target item
+token. Their pairwise inner products are explicit second-order crosses: user id x target item,
+pooled history x target item (item-item collaborative filtering), genre x history, ...
+
+Shape suffixes: the legend in ``recformer/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recformer.model.embedding import FeatureTokenizer
+
+
+def n_fields(tokens: FeatureTokenizer) -> int:
+    """Fields per sample: the context tokens but CLS, the pooled history (if any), the target."""
+    return tokens.n_context - 1 + (1 if tokens.max_len else 0) + 1
+
+
+def fields(tokens: FeatureTokenizer, x_BTD: torch.Tensor, hist_mask_BL: torch.Tensor) -> torch.Tensor:
+    """[B, n_fields, D] from the tokenizer's output ``x_BTD`` (its layout: ``FeatureTokenizer``)."""
+    n_context, L = tokens.n_context, tokens.max_len
+    parts = [x_BTD[:, 1:n_context]]
+    if L:
+        hist_BLD = x_BTD[:, n_context : n_context + L]
+        m_BL1 = hist_mask_BL.unsqueeze(-1).to(hist_BLD.dtype)
+        parts.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
+    return torch.cat([*parts, x_BTD[:, -1:]], dim=1)
+
+
+def pairwise(v_BFD: torch.Tensor) -> torch.Tensor:
+    """sum over field pairs i < j of <v_i, v_j>, [B]: ((sum_i v_i)^2 - sum_i v_i^2) / 2 summed over
+    the embedding dimension, O(F D) instead of O(F^2 D) (Rendle 2010, lemma 3.1)."""
+    return 0.5 * (v_BFD.sum(1).square() - v_BFD.square().sum(1)).sum(-1)
