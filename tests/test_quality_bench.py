@@ -80,3 +80,12 @@ def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path
     assert rows["transformer content=all"]["tokens"] == base["tokens"] + 1 + 6  # + every history event (6)
     assert rows["popularity"]["tokens"] == 1
     assert all(r["samples_per_s"] > 0 for r in rows.values())
+
+
+def test_gauc_headroom_factorises_the_train_split_and_scores_its_chosen_epoch(tiny_data):
+    from tests.conftest import load_bench
+
+    best = load_bench("gauc_headroom").factorise(tiny_data, factors=4, l2=1e-4, epochs=2, seed=0)
+    assert best["epoch"] in (0, 1)
+    for key in ("val_auc", "val_gauc", "test_auc", "test_gauc"):
+        assert 0.0 <= best[key] <= 1.0, key
