@@ -9,9 +9,14 @@ how far the checkpoints of ``bench/quality.py`` are from it.
    ``--factors`` (0 = the biases alone), L2 on the rows a batch touches, Adam. Each epoch's
    validation GAUC is printed; the epoch with the best validation GAUC is scored on test. The item
    prior rate feature of the data (``item_pos_rate_prior``) is scored alike, as a floor.
-2. ``--mix RUN``: validation AUC and GAUC of the best checkpoint of ``RUN`` (a run folder under
+2. The mean rating of the last k history events (``--history-ratings``, when the data has it) as
+   a score: how much of it separates users (AUC) and how much orders one user's items (GAUC).
+3. ``--mix RUN``: validation AUC and GAUC of the best checkpoint of ``RUN`` (a run folder under
    ``--runs``) with a multiple of another model's logit added (popularity, DeepFM): if a mix gains
-   GAUC, that model knows within-user order the run does not.
+   GAUC, that model knows within-user order the run does not. For the run and each other model,
+   also how much its scores within a user follow the recent ratings (the correlation of the
+   per-user-centred logit with the centred mean of the last 5 history ratings), and its GAUC with
+   that part removed (the least-squares fit on the centred last-5 and last-50 means subtracted).
 
 GAUC is per user, weighted by rows, over users with both labels (``recformer.metrics.exact.gauc``).
 """
@@ -115,6 +120,38 @@ def logits_of(ckpt: Path, data: Path, split: str) -> tuple[np.ndarray, np.ndarra
     return tuple(np.concatenate(col) for col in zip(*out))
 
 
+def recent_means(data: Path, split: str, column: str, ks: tuple[int, ...]) -> dict[int, np.ndarray] | None:
+    """Per row, the mean of the last k values of the list column ``column`` (0 for an empty
+    history); None when the split has no such column."""
+    if column not in pq.ParquetDataset(data / split).schema.names:
+        return None
+    lists = pq.read_table(data / split, columns=[column])[column].combine_chunks()
+    offsets, values = lists.offsets.to_numpy(), lists.flatten().to_numpy().astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    out = {}
+    for k in ks:
+        lo = np.maximum(offsets[1:] - k, offsets[:-1])
+        n = offsets[1:] - lo
+        out[k] = np.where(n > 0, (csum[offsets[1:]] - csum[lo]) / np.maximum(n, 1), 0.0)
+    return out
+
+
+def centred(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``x`` minus its group's mean."""
+    _, inv = np.unique(groups, return_inverse=True)
+    return x - (np.bincount(inv, x) / np.bincount(inv))[inv]
+
+
+def recency_part(s: np.ndarray, g: np.ndarray, y: np.ndarray, recent: dict[int, np.ndarray]) -> str:
+    """How much of a model's within-user scores follows the recent ratings, and its GAUC without it."""
+    cs = centred(s, g)
+    X = np.stack([centred(recent[5], g), centred(recent[50], g)], 1)
+    coef, *_ = np.linalg.lstsq(X, cs, rcond=None)
+    corr = np.corrcoef(cs, X[:, 0])[0, 1]
+    without = gauc(g, cs - X @ coef, y)[0]
+    return f"within-user corr with the last-5 mean {corr:.3f}; GAUC without that part {without:.4f}"
+
+
 def best_checkpoint(run: Path) -> Path:
     (ckpt,) = [p for p in (run / "version_0" / "checkpoints").glob("epoch*.ckpt")]
     return ckpt
@@ -135,18 +172,35 @@ def main() -> None:
         nargs="+",
         default=["popularity-lr0.001-embedding_decay1.0-seed0", "deepfm-lr0.001-embedding_decay0.0-seed0"],
     )
+    p.add_argument("--history-ratings", default="hist_ratings", help="list column of history ratings")
     a = p.parse_args()
     torch.set_num_threads(2)
     if a.mix:
         s, y, g = logits_of(best_checkpoint(a.runs / a.mix), a.data, "val")
+        rows = load(a.data, "val")
+        if not (np.array_equal(rows["label"], y) and np.array_equal(rows["user_id"], g)):
+            raise SystemExit(f"{a.data / 'val'}: the loader's row order is not the files' order")
+        recent = recent_means(a.data, "val", a.history_ratings, (5, 50))
         print(f"{a.mix}: val AUC {exact_auc(s, y):.4f} GAUC {gauc(g, s, y)[0]:.4f}")
+        if recent:
+            print(f"  {recency_part(s, g, y, recent)}")
         for other in a.others:
             o, _, _ = logits_of(best_checkpoint(a.runs / other), a.data, "val")
             print(f"{other}: val AUC {exact_auc(o, y):.4f} GAUC {gauc(g, o, y)[0]:.4f}")
+            if recent:
+                print(f"  {recency_part(o, g, y, recent)}")
             for w in (0.5, 1.0, 2.0):
                 m = s + w * o
-                print(f"  + {w:g} x its logit: val AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
+                print(f"  run + {w:g} x its logit: val AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
         return
+    for split in ("val", "test"):
+        recent = recent_means(a.data, split, a.history_ratings, (1, 5, 50))
+        d = load(a.data, split)
+        for k, r in (recent or {}).items():
+            print(
+                f"mean of the last {k} history ratings: {split} AUC {exact_auc(r, d['label']):.4f} "
+                f"GAUC {gauc(d['user_id'], r, d['label'])[0]:.4f}"
+            )
     val, test = load(a.data, "val"), load(a.data, "test")
     for name, d in (("val", val), ("test", test)):
         if PRIOR not in d:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import shutil
@@ -105,7 +106,12 @@ def test_resume_mid_epoch_is_exact(tiny_data, workers, consumed):
 
 @pytest.mark.parametrize(
     "change, key",
-    [({"batch_size": 16}, "batch_size"), ({"shuffle": False}, "shuffle"), ({"drop_last": True}, "drop_last")],
+    [
+        ({"batch_size": 16}, "batch_size"),
+        ({"shuffle": False}, "shuffle"),
+        ({"drop_last": True}, "drop_last"),
+        ({"group_rows": 4}, "group_rows"),
+    ],
 )
 def test_resume_refuses_a_different_setup(tiny_data, change, key):
     a = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer").train_dataloader()
@@ -298,3 +304,51 @@ def test_the_group_column_can_also_be_a_categorical_feature(tmp_path):
     users = pq.read_table(root / "test", columns=["user_id"])["user_id"].to_numpy()[:16]
     assert b.group.tolist() == users.tolist()
     assert b.cat[:, -1].tolist() == (users + 1).tolist()  # table rows: 0 is the OOV row
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 1000])
+def test_grouped_permutation_keeps_each_groups_rows_in_chunks_of_k(k):
+    rng = np.random.default_rng(0)
+    groups = rng.integers(0, 12, size=500)
+    perm = rng.permutation(500)
+    out = dataset.grouped_permutation(perm, groups, k, np.random.default_rng(1))
+    assert sorted(out.tolist()) == list(range(500))  # every row once
+    # per group: its rows in perm's order, cut k at a time, each cut consecutive in the output
+    where = {r: i for i, r in enumerate(out.tolist())}
+    for grp in range(12):
+        mine = [r for r in perm if groups[r] == grp]
+        chunks = [mine[i : i + k] for i in range(0, len(mine), k)]
+        for chunk in chunks:
+            at = [where[r] for r in chunk]
+            assert at == list(range(at[0], at[0] + len(chunk)))  # consecutive, in perm's order
+    g = groups[out]
+    runs = 1 + int((g[1:] != g[:-1]).sum())  # maximal runs of one group
+    if k >= 500:  # one chunk per group: each group's rows are contiguous
+        assert runs == len(set(groups.tolist()))
+    else:  # chunks in random order: a group's chunks are not all side by side
+        assert runs > len(set(groups.tolist()))
+
+
+def test_group_rows_gives_batches_of_same_user_runs_and_every_row_once(tiny_data):
+    def rows_and_users(group_rows):
+        dm = RecDataModule(
+            str(tiny_data), batch_size=32, num_workers=0, validate="footer", group_rows=group_rows
+        )
+        batches = list(dm.train_dataloader())
+        ids = [int(r) for b in batches for r in b.keys[:, 0]]
+        users = [b.group.tolist() for b in batches]
+        return ids, users
+
+    plain_ids, plain_users = rows_and_users(0)
+    ids, users = rows_and_users(4)
+    assert sorted(ids) == sorted(plain_ids) and len(ids) == TRAIN_ROWS
+    same = lambda batches: sum(sum(a == b for a, b in zip(u, u[1:])) for u in batches)
+    assert same(users) > 2 * same(plain_users)  # neighbours share a user far more often
+
+
+def test_group_rows_needs_a_group_column(tiny_data, tmp_path):
+    spec = FeatureSpec.load(tiny_data / "spec.yaml")
+    dm = RecDataModule(str(tiny_data), batch_size=32, num_workers=0, validate="footer")
+    dm.setup("fit")
+    with pytest.raises(ValueError, match="names no group column"):
+        ParquetStream(dm.splits["train"], dataclasses.replace(spec, group=None), 32, True, group_rows=4)

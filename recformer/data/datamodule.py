@@ -165,6 +165,7 @@ class RecDataLoader(DataLoader):
             "window": s.window,
             "shuffle": int(s.shuffle),
             "drop_last": int(s.drop_last),
+            "group_rows": s.group_rows,
             "groups": zlib.crc32(groups.encode()),
         }
 
@@ -190,7 +191,8 @@ class RecDataLoader(DataLoader):
             raise ValueError(
                 "cannot resume the training stream exactly: these settings differ from the checkpoint's "
                 f"(checkpoint, now): {diff}. Resume with the same data files, batch_size, num_workers, "
-                "seed, shuffle, shuffle_window, drop_last and number of devices, or start a new run."
+                "seed, shuffle, shuffle_window, group_rows, drop_last and number of devices, or start a "
+                "new run."
             )
         self._pending = {
             "epoch": int(state["epoch"]),
@@ -212,6 +214,7 @@ class RecDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         shuffle_window: int = 32768,
         drop_last: bool = False,
+        group_rows: int = 0,
         seed: int | None = None,
         validate: Literal["full", "footer"] = "full",
         predict_split: str = "test",
@@ -230,6 +233,9 @@ class RecDataModule(pl.LightningDataModule):
             shuffle: Reshuffle training row groups and rows every epoch, seeded by (seed, epoch).
             shuffle_window: Rows decoded and shuffled together by a worker (rounded to whole batches).
             drop_last: Drop the last partial training batch.
+            group_rows: Keep each group's (the spec's ``group``, e.g. the user's) shuffled training
+                rows together in chunks of up to this many, so a batch holds same-user pairs for
+                a within-user loss (``model.pairwise``); 0 (the default): rows shuffled on their own.
             seed: Seed of the shuffle; None (the default) = the run's ``seed_everything``, so one
                 seed makes a run (data order included).
             validate: "full" decodes every row at set-up to check values; "footer" checks schemas and
@@ -249,7 +255,7 @@ class RecDataModule(pl.LightningDataModule):
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
         self.num_workers, self.prefetch_factor, self.drop_last = num_workers, prefetch_factor, drop_last
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.shuffle, self.shuffle_window = shuffle, shuffle_window
+        self.shuffle, self.shuffle_window, self.group_rows = shuffle, shuffle_window, group_rows
         self.seed = seed if seed is not None else global_seed()
         self.validate, self.predict_split, self.verify_checksums = validate, predict_split, verify_checksums
         self.splits: dict[str, SplitIndex] = {}
@@ -433,6 +439,7 @@ class RecDataModule(pl.LightningDataModule):
             seed=self.seed,
             window=self.shuffle_window,
             drop_last=self.drop_last,
+            group_rows=self.group_rows,
             plan=StreamPlan(rank=rank, world=world, num_workers=max(1, self.num_workers)),
             verify_checksums=self.verify_checksums,
         )

@@ -332,6 +332,10 @@ class Window:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def field(self, name: str) -> np.ndarray:
+        """A per-row field over the window's rows (``Decoded.field``), [len, *shape], a copy."""
+        return np.concatenate([p.field(name) for p in self.parts])
+
     def gather(
         self, idx: np.ndarray | slice, packed: bool = False, buffer: np.ndarray | None = None
     ) -> Batch | PackedBatch:
