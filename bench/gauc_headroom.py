@@ -19,6 +19,14 @@ how far the checkpoints of ``bench/quality.py`` are from it.
    that part removed (the least-squares fit on the centred last-5 and last-50 means subtracted).
 
 GAUC is per user, weighted by rows, over users with both labels (``recformer.metrics.exact.gauc``).
+
+Measured 2026-12-02 (2 CPU cores, the shipped MovieLens split, quality.py's seed-0 runs):
+
+- item prior feature: test GAUC 0.6353; biases alone: 0.6435; rank 32: 0.6483 (popularity 0.6438);
+- last-5 rating mean: val AUC 0.740, GAUC 0.497; last 50: 0.750, 0.441;
+- within-user correlation of the logits with the last-5 mean: BST 0.367, Transformer 0.349,
+  DIN 0.214, DeepFM 0.137, popularity 0.056; the Transformer's GAUC without that part: 0.6426 ->
+  0.6521; with DeepFM's logit added: 0.6588, with popularity's (x2): 0.6459.
 """
 
 from __future__ import annotations
