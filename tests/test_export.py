@@ -107,6 +107,16 @@ def test_every_baseline_exports_or_is_refused_by_name(arch, tiny_data, tmp_path,
         assert f"model.arch={arch} cannot be exported" in line and "Traceback" not in err
 
 
+def test_the_transformer_with_its_wide_terms_exports_with_parity(tiny_data, tmp_path):
+    """The FM crosses and the per-item bias are part of the exported graph, not dropped."""
+    ckpt = _checkpoint(tiny_data, tmp_path / "fit", "--model.ranker.fm=true", "--model.ranker.item_bias=true")
+    out = tmp_path / "artifact"
+    assert recformer_main(["export", "--ckpt", str(ckpt), "--data", str(tiny_data), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["formats"]) == set(FORMATS)
+    assert all(m["parity"]["max_abs_score_diff"] <= TOLERANCE for m in manifest["formats"].values())
+
+
 def test_a_model_the_tracer_cannot_take_is_one_line_naming_it(
     transformer_ckpt, tiny_data, tmp_path, capsys, monkeypatch
 ):
