@@ -137,14 +137,15 @@ def main(argv: list[str] | None = None) -> dict:
             batches.append(batch.to("cpu"))  # widens the ids, as fit does
             if len(batches) == a.warmup + a.steps:
                 break
-    models = {name: build(m, dm) for name, m in variants(a).items()}
+    settings = variants(a)
+    models = {name: build(m, dm) for name, m in settings.items()}
     if a.per_slot_content:
-        for name, m in list(variants(a).items()):
+        for name, m in settings.items():
+            if " " in name or not hasattr(models[name][0].ranker, "tokens"):
+                continue  # the options, and the models without a tokenizer
             module, optimizer = build(m, dm)
-            tokens = getattr(module.ranker, "tokens", None)
-            if " " not in name and tokens is not None:  # the models with a tokenizer, not the options
-                tokens.content_once_per_item = False
-                models[f"{name} per-slot content"] = (module, optimizer)
+            module.ranker.tokens.content_once_per_item = False
+            models[f"{name} per-slot content"] = (module, optimizer)
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
         for name, (module, optimizer) in models.items():

@@ -201,19 +201,18 @@ def main() -> None:
                 m = s + w * o
                 print(f"  run + {w:g} x its logit: val AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
         return
-    for split in ("val", "test"):
+    evaluated = {split: load(a.data, split) for split in ("val", "test")}
+    for split, d in evaluated.items():
         recent = recent_means(a.data, split, a.history_ratings, (1, 5, 50))
-        d = load(a.data, split)
         for k, r in (recent or {}).items():
             print(
                 f"mean of the last {k} history ratings: {split} AUC {exact_auc(r, d['label']):.4f} "
                 f"GAUC {gauc(d['user_id'], r, d['label'])[0]:.4f}"
             )
-    val, test = load(a.data, "val"), load(a.data, "test")
-    for name, d in (("val", val), ("test", test)):
+    for name, d in evaluated.items():
         if PRIOR not in d:
             break
-        prior = d["item_pos_rate_prior"]
+        prior = d[PRIOR]
         g = gauc(d["user_id"], prior, d["label"])[0]
         print(f"item prior rate feature: {name} AUC {exact_auc(prior, d['label']):.4f} GAUC {g:.4f}")
     for k in a.factors:
