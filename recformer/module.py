@@ -27,6 +27,7 @@ from torchmetrics import MetricCollection
 from recformer.batch import Batch
 from recformer.checkpoints import check_features
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
+from recformer.losses import listwise_loss, pairwise_loss, table_l2
 from recformer.metric_names import OOV, TRAIN_LOSS
 from recformer.metrics import (
     DEFAULT_AUC_EXACT_MAX_ROWS,
@@ -78,15 +79,6 @@ def _as(cls: type, value: Any) -> Any:
     return cls(**value) if isinstance(value, dict) else replace(value)  # a copy: never a shared default
 
 
-def pairwise_loss(logits_B: torch.Tensor, label_B: torch.Tensor, group_B: torch.Tensor) -> torch.Tensor:
-    """Mean RankNet loss over (positive, negative) pairs of one group in the batch; 0 when there
-    are none. All on device: no sync."""
-    pairs_BB = (group_B[:, None] == group_B[None, :]) & (label_B[:, None] > label_B[None, :])
-    margin_BB = logits_B[:, None] - logits_B[None, :]
-    n = pairs_BB.sum()
-    return (F.softplus(-margin_BB) * pairs_BB).sum() / n.clamp_min(1)
-
-
 class RankerModule(pl.LightningModule):
     def __init__(
         self,
@@ -97,6 +89,7 @@ class RankerModule(pl.LightningModule):
         compile: bool = False,
         auc_exact_max_rows: int = DEFAULT_AUC_EXACT_MAX_ROWS,
         pairwise: float = 0.0,
+        listwise: float = 0.0,
     ):
         """
         Args:
@@ -115,6 +108,11 @@ class RankerModule(pl.LightningModule):
                 ``log(1 + exp(-(s_pos - s_neg)))`` (Burges et al. 2005) over the batch's pairs of
                 one group (user) with a positive and a negative label, averaged over those pairs.
                 It trains the order inside a user, which is what GAUC measures; 0 turns it off.
+            listwise: Weight of a within-group softmax cross-entropy added to the log loss: each
+                group's (user's) rows in the batch scored against each other, with its labels
+                normalised to sum to 1 as the target (ListNet, Cao et al. 2007;
+                ``recformer.losses.listwise_loss``); 0 turns it off. Both within-group losses need
+                several rows of a user per batch: ``data.group_rows``.
         """
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
@@ -126,9 +124,10 @@ class RankerModule(pl.LightningModule):
             )
         self.dims = _as(FeatureDims, dims)
         self.arch = arch
-        if pairwise < 0:
-            raise ValueError(f"model.pairwise={pairwise} must be >= 0")
-        self.pairwise = pairwise
+        for name, weight in (("pairwise", pairwise), ("listwise", listwise)):
+            if not weight >= 0:
+                raise ValueError(f"model.{name}={weight} must be >= 0 (0 = off)")
+        self.pairwise, self.listwise = pairwise, listwise
         self.save_hyperparameters(
             {"ranker": asdict(ranker_cfg), "optim": asdict(self.optim_cfg), "dims": asdict(self.dims)}
             | {
@@ -136,6 +135,7 @@ class RankerModule(pl.LightningModule):
                 "compile": compile,
                 "auc_exact_max_rows": auc_exact_max_rows,
                 "pairwise": pairwise,
+                "listwise": listwise,
             }
         )
         self.ranker: RankerNet = build_model(arch, ranker_cfg, self.dims)
@@ -217,8 +217,8 @@ class RankerModule(pl.LightningModule):
         w_B = batch.weight
         loss = (F.binary_cross_entropy_with_logits(logits_B, batch.label, reduction="none") * w_B).sum()
         loss = loss / w_B.sum().clamp_min(1e-12)
-        if self.pairwise and stage == "train":
-            loss = loss + self.pairwise * pairwise_loss(logits_B, batch.label, batch.group)
+        if stage == "train":
+            loss = loss + self._auxiliary_loss(logits_B, batch)
         metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
         metrics.update(logits_B.detach(), batch.label, w_B)
         if stage == "train":
@@ -235,6 +235,19 @@ class RankerModule(pl.LightningModule):
             gauc.update(logits_B.detach(), batch.label, batch.group, w_B)
             self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch), prog_bar=bar)
         return loss
+
+    def _auxiliary_loss(self, logits_B: torch.Tensor, batch: Batch) -> torch.Tensor | float:
+        """The training terms beside the log loss that are switched on: the within-group ranking
+        losses (``pairwise``, ``listwise``) and the embedding tables' L2 penalty
+        (``optim.embedding_l2``); 0.0 when none is. ``train/loss`` includes them."""
+        terms = []
+        if self.pairwise:
+            terms.append(self.pairwise * pairwise_loss(logits_B, batch.label, batch.group))
+        if self.listwise:
+            terms.append(self.listwise * listwise_loss(logits_B, batch.label, batch.group))
+        if self.optim_cfg.embedding_l2:
+            terms.append(0.5 * self.optim_cfg.embedding_l2 * table_l2(self._tables))
+        return torch.stack(terms).sum() if terms else 0.0
 
     def _poison_if_nonfinite(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss``, unchanged when finite; when not, with NaN put into one parameter's gradient.

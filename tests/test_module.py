@@ -833,7 +833,7 @@ def test_a_rank_without_predict_rows_still_joins_the_unknown_id_sum(tiny_data):
 
 
 def test_pairwise_loss_is_ranknet_over_same_group_pairs():
-    from recformer.module import pairwise_loss
+    from recformer.losses import pairwise_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(40, generator=g, requires_grad=True)
