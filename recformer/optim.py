@@ -1,10 +1,11 @@
 """AdamW parameter groups from explicit rules, muP learning-rate scaling, and the LR schedule.
 
 Groups (DESIGN section 5): every trainable parameter is classified by the model itself
-(``ranker.param_kinds()``: name -> "hidden" | "input" | "embedding" | "vector" | "readout"), then placed by an
-ordered list of ``GroupRule``; the first rule that matches wins. Coverage is checked both ways: a
-parameter that no rule matches raises, and so does a rule that matches nothing (unless that rule is
-marked ``allow_empty``), so a renamed module can never silently move a matrix out of weight decay.
+(``ranker.param_kinds()``: name -> "hidden" | "input" | "table" | "embedding" | "vector" |
+"readout"), then placed by an ordered list of ``GroupRule``; the first rule that matches wins.
+Coverage is checked both ways: a parameter that no rule matches raises, and so does a rule that
+matches nothing (unless that rule is marked ``allow_empty``), so a renamed module can never
+silently move a matrix out of weight decay.
 
 muP (``recformer.model.mup``): the hidden group's LR is multiplied by ``hidden_lr_mult`` (1/m under
 muP, 1 otherwise); every other group keeps the base LR. Input projections and embedding tables are
@@ -12,6 +13,10 @@ both muP "input weights" (constant LR); they differ in weight decay, which input
 like any dense matrix (DESIGN section 5) and tables do not. The readout keeps the base LR because
 its 1/m factor lives in the forward pass (``mup.readout_multiplier``, like ``mup.MuReadout``'s
 output multiplier): Tensor Programs V gives the two as equivalent parametrisations.
+
+Id tables may be stepped by row-wise Adagrad instead of AdamW (``OptimConfig.table_optimizer``), the
+sparse optimizer DLRM and TorchRec train their tables with, in the same optimizer object
+(``TableAdagradAdamW``), so Lightning, the schedule, clipping and checkpoints see one optimizer.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch import nn
 
 from recformer.config import OptimConfig
 
-PARAM_KINDS = ("hidden", "input", "embedding", "vector", "readout")
+PARAM_KINDS = ("hidden", "input", "table", "embedding", "vector", "readout")
 """The kinds a model's ``param_kinds()`` may assign to a parameter."""
 
 
@@ -46,6 +51,8 @@ class GroupRule:
     """Its LR takes the hidden matrices' width factor (``hidden_lr_mult``: muP's 1/m)."""
     allow_empty: bool = False
     """Allow this rule to match no parameter (optional parts, e.g. a model without a readout)."""
+    lr_mult_from: str | None = None
+    """The ``OptimConfig`` field whose value multiplies this group's LR (its own rate), or None."""
 
 
 DEFAULT_RULES: tuple[GroupRule, ...] = (
@@ -73,11 +80,30 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         allow_empty=True,  # a spec without dense, embedding or content inputs has none
     ),
     GroupRule(
-        "embedding",
-        lambda name, kind, ndim: kind == "embedding",
-        "kind 'embedding' (tables, learned CLS/slot vectors)",
+        "item_bias",
+        lambda name, kind, ndim: name == "item_bias.weight",
+        "the per-item bias item_bias.weight (RankerConfig.item_bias)",
+        decay=False,
+        width_scaled_lr=False,
+        lr_mult_from="item_bias_lr_mult",
+        allow_empty=True,  # only with model.ranker.item_bias
+    ),
+    GroupRule(
+        "table",
+        lambda name, kind, ndim: kind == "table",
+        "kind 'table' (id tables: a row has a gradient only where a batch read it)",
         decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
         width_scaled_lr=False,
+        lr_mult_from="embedding_lr_mult",
+        allow_empty=True,  # a model may have no id table
+    ),
+    GroupRule(
+        "embedding",
+        lambda name, kind, ndim: kind == "embedding",
+        "kind 'embedding' (learned CLS/slot vectors)",
+        decay=False,  # decay would pull rarely-seen rows to 0 between their few updates
+        width_scaled_lr=False,
+        lr_mult_from="embedding_lr_mult",
     ),
     GroupRule(
         "vector",
@@ -87,7 +113,8 @@ DEFAULT_RULES: tuple[GroupRule, ...] = (
         width_scaled_lr=False,
     ),
 )
-"""hidden matrices, readout, input projections, embedding tables, vectors (norm gains and biases)."""
+"""hidden matrices, readout, input projections, id tables, learned embedding vectors, vectors
+(norm gains and biases)."""
 
 
 def _trainable_named_params(model: nn.Module, kinds: dict[str, str]) -> list[tuple[str, nn.Parameter]]:
@@ -120,7 +147,8 @@ def build_param_groups(
     """AdamW parameter groups, one per rule that matched something, in rule order.
 
     Each group holds "params", "name", "lr" (cfg.lr, times ``hidden_lr_mult`` for the rules with
-    ``width_scaled_lr``), "weight_decay", "lr_mult" and "param_names" (for per-group logging).
+    ``width_scaled_lr`` and the ``cfg`` field a rule's ``lr_mult_from`` names),
+    "weight_decay", "lr_mult" and "param_names" (for per-group logging).
     Frozen parameters are skipped.
     """
     if not (math.isfinite(hidden_lr_mult) and hidden_lr_mult > 0):
@@ -155,7 +183,9 @@ def build_param_groups(
     for r in rules:
         if not members[r.name]:
             continue
-        mult = hidden_lr_mult if r.width_scaled_lr else 1.0
+        mult = (hidden_lr_mult if r.width_scaled_lr else 1.0) * (
+            getattr(cfg, r.lr_mult_from) if r.lr_mult_from else 1.0
+        )
         groups.append(
             {
                 "name": r.name,
@@ -177,6 +207,7 @@ def describe_groups(groups: Sequence[dict]) -> list[str]:
         lines.append(
             f"optimizer group {g.get('name', i)!s:<10} {len(g['params']):>4} tensors {numel:>12,} params"
             f"  lr {g['lr']:.3e}  weight_decay {g['weight_decay']:g}"
+            + ("  (row-wise Adagrad)" if g.get("rowwise_adagrad") else "")
         )
     return lines
 
@@ -203,6 +234,12 @@ def build_optimizer(
     step instead of a handful per tensor list), the multi-tensor ``foreach`` path otherwise.
     """
     groups = build_param_groups(model, kinds, cfg, hidden_lr_mult, rules)
+    if cfg.table_optimizer == "rowwise_adagrad":
+        for g in groups:
+            if g["name"] == "table":
+                g["rowwise_adagrad"] = True
+                g["lr"] = cfg.table_lr
+                g["lr_mult"] = cfg.table_lr / cfg.lr
     params = [p for g in groups for p in g["params"]]
     on_cuda = bool(params) and all(p.is_cuda for p in params)
     if fused is None:
@@ -214,7 +251,8 @@ def build_optimizer(
             raise ValueError(
                 f"fused=True but fused AdamW does not support devices {unsupported}; use fused=None"
             )
-    return torch.optim.AdamW(
+    cls = TableAdagradAdamW if cfg.table_optimizer == "rowwise_adagrad" else torch.optim.AdamW
+    return cls(
         groups,
         lr=cfg.lr,
         betas=tuple(cfg.betas),
@@ -223,6 +261,54 @@ def build_optimizer(
         fused=fused,
         foreach=None if fused else True,
     )
+
+
+class TableAdagradAdamW(torch.optim.AdamW):
+    """AdamW over every group but those marked ``rowwise_adagrad``, which row-wise Adagrad steps.
+
+    Row-wise Adagrad (as FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, which DLRM and TorchRec train their
+    tables with): one accumulator per table row, ``G_r += mean_d(g_rd^2)``, and ``w_r -= lr * g_r /
+    (sqrt(G_r) + eps)``. A row no batch read has a zero gradient and does not move (no momentum
+    carries it); a row read rarely keeps a large step, one read every step a shrinking one. Under
+    AdamW every row moves about one learning rate per step it is read (and a few more on its
+    momentum), the same for an item seen twice an epoch as for one seen every step.
+    """
+
+    def __init__(self, params, eps_rowwise: float = 1e-8, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.eps_rowwise = eps_rowwise
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:  # Lightning passes forward + backward as the closure
+            with torch.enable_grad():
+                loss = closure()
+        groups = self.param_groups
+        self.param_groups = [g for g in groups if not g.get("rowwise_adagrad")]
+        try:
+            super().step()
+        finally:
+            self.param_groups = groups
+        for g in groups:
+            if g.get("rowwise_adagrad"):
+                self._rowwise_adagrad(g)
+        return loss
+
+    def _rowwise_adagrad(self, group: dict) -> None:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = p.grad.float()
+            state = self.state[p]
+            if "sum" not in state:
+                state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
+                # A step count as Adam's states have: AdamW's __setstate__ reads one in every state.
+                state["step"] = torch.zeros((), dtype=torch.float32)
+            state["step"] += 1
+            state["sum"].add_(grad.square().mean(dim=1))
+            std_V1 = state["sum"].sqrt().add_(self.eps_rowwise).unsqueeze(1)
+            p.add_((grad / std_V1).to(p.dtype), alpha=-group["lr"])
 
 
 def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:

@@ -104,14 +104,14 @@ def test_param_kinds_cover_every_parameter_with_the_right_kind() -> None:
     assert set(kinds) == {n for n, _ in ranker.named_parameters()}
     assert kinds["head.out.weight"] == "readout"
     assert kinds["head.hidden.weight"] == "hidden" and kinds["head.out.bias"] == "vector"
-    assert kinds["tokens.table.weight"] == "embedding" and kinds["tokens.content_proj.weight"] == "input"
+    assert kinds["tokens.table.weight"] == "table" and kinds["tokens.content_proj.weight"] == "input"
     assert kinds["tokens.slot_emb"] == "embedding" and kinds["tokens.cls"] == "embedding"
     for i in range(2):
         assert kinds[f"blocks.{i}.attn.qkv.weight"] == "hidden"
         assert kinds[f"blocks.{i}.mlp.down.weight"] == "hidden"
         assert kinds[f"blocks.{i}.attn_norm.bias"] == "vector"
         assert kinds[f"blocks.{i}.attn.qk_norm.q_norm.weight"] == "vector"
-    assert {k for k in kinds.values()} == {"hidden", "input", "embedding", "vector", "readout"}
+    assert {k for k in kinds.values()} == {"hidden", "input", "table", "embedding", "vector", "readout"}
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def test_attention_scale_and_lr_multipliers() -> None:
             for g in build_param_groups(model, model.param_kinds(), OptimConfig(), hidden_lr_multiplier(cfg))
         }
         assert groups["hidden"] == pytest.approx(hidden_mult)
-        assert [groups[k] for k in ("embedding", "vector", "readout")] == [1.0, 1.0, 1.0]
+        assert [groups[k] for k in ("table", "embedding", "vector", "readout")] == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_the_old_two_flag_mup_is_the_one_switch_with_a_deprecation_message() -> None:

@@ -91,7 +91,9 @@ def test_empty_rule_raises_with_its_name():
     kinds = {**KINDS, "head.weight": "hidden"}  # no readout left: allowed, the rule is optional
     assert "readout" not in _groups(kinds=kinds)
     strict = [replace(r, allow_empty=False) for r in DEFAULT_RULES]
-    with pytest.raises(ValueError, match=r"\['readout', 'input'\] matched no trainable parameter"):
+    with pytest.raises(
+        ValueError, match=r"\['readout', 'input', 'item_bias', 'table'\] matched no trainable parameter"
+    ):
         _groups(kinds=kinds, rules=strict)
     no_emb = {**KINDS, "emb.weight": "hidden"}
     with pytest.raises(ValueError, match=r"\['embedding'\] matched no"):
@@ -120,12 +122,9 @@ def test_ranker_input_projections_decay_and_keep_the_base_lr_under_mup():
             "tokens.content_proj.weight", "tokens.dense_proj.weight", "tokens.emb_proj.0.weight"
         ], arch  # fmt: skip
         assert groups["input"]["weight_decay"] == 0.1 and groups["input"]["lr"] == pytest.approx(1e-3)
-        assert sorted(groups["embedding"]["param_names"]) == [
-            "tokens.cls",
-            "tokens.slot_emb",
-            "tokens.table.weight",
-        ]
-        assert groups["embedding"]["weight_decay"] == 0.0
+        assert sorted(groups["embedding"]["param_names"]) == ["tokens.cls", "tokens.slot_emb"]
+        assert groups["table"]["param_names"] == ["tokens.table.weight"]
+        assert groups["embedding"]["weight_decay"] == groups["table"]["weight_decay"] == 0.0
 
 
 def test_din_refuses_mup():
@@ -215,3 +214,71 @@ def test_weight_decay_is_decoupled():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_rowwise_adagrad_steps_the_tables_and_adamw_the_rest():
+    from recformer.optim import TableAdagradAdamW
+
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=1e-2, table_optimizer="rowwise_adagrad", table_lr=0.1, weight_decay=0.0)
+    kinds = {**KINDS, "emb.weight": "table"}
+    model, twin = Toy(), Toy()
+    twin.load_state_dict(model.state_dict())
+    rules = [replace(r, allow_empty=True) for r in DEFAULT_RULES]  # the toy has no CLS / slot vectors
+    opt = build_optimizer(model, kinds, cfg, rules=rules)
+    assert isinstance(opt, TableAdagradAdamW)
+    assert [g["name"] for g in opt.param_groups if g.get("rowwise_adagrad")] == ["table"]
+    plain = torch.optim.AdamW(
+        [p for n, p in twin.named_parameters() if n != "emb.weight"],
+        lr=1e-2,
+        betas=cfg.betas,
+        weight_decay=0.0,
+    )
+    acc = torch.zeros(model.emb.num_embeddings)
+    ids = torch.tensor([[1, 2, 2], [3, 1, 1]])  # rows 0 and 4.. never read
+    for _ in range(3):
+        before = model.emb.weight.detach().clone()
+        for m, o in ((model, opt), (twin, plain)):
+            o.zero_grad()
+            m(ids).square().mean().backward()
+        g = model.emb.weight.grad.clone()
+        opt.step()
+        plain.step()
+        acc += g.square().mean(1)  # the reference: one accumulator per row
+        want = before - 0.1 * g / (acc.sqrt() + 1e-8)[:, None]
+        torch.testing.assert_close(model.emb.weight.detach(), want)
+        untouched = g.abs().sum(1) == 0
+        assert untouched.sum() > 0 and torch.equal(model.emb.weight[untouched], before[untouched])
+        with torch.no_grad():  # the twin's table follows, so both see the same gradients next step
+            twin.emb.weight.copy_(model.emb.weight)
+        theirs = dict(twin.named_parameters())
+        for n, p in model.named_parameters():  # every other parameter exactly as plain AdamW moves it
+            torch.testing.assert_close(p, theirs[n], msg=n)
+    state = opt.state_dict()  # the accumulators travel with the optimizer's checkpoint
+    again = build_optimizer(Toy(), kinds, cfg, rules=rules)
+    again.load_state_dict(state)
+    table_state = [s for s in again.state.values() if "sum" in s]
+    assert len(table_state) == 1 and torch.allclose(table_state[0]["sum"], acc)
+
+
+def test_table_optimizer_settings_are_checked():
+    with pytest.raises(ValueError, match="table_optimizer='sgd'"):
+        OptimConfig(table_optimizer="sgd")
+    with pytest.raises(ValueError, match="table_lr=0"):
+        OptimConfig(table_lr=0)
+
+
+def test_the_item_bias_has_a_group_and_a_rate_of_its_own():
+    from recformer.config import RankerConfig
+    from recformer.model.ranker import Ranker
+    from tests._model_batches import tiny_dims
+
+    ranker = Ranker(RankerConfig(d_model=16, n_heads=2, item_bias=True), tiny_dims())
+    cfg = OptimConfig(lr=1e-3, item_bias_lr_mult=30, embedding_lr_mult=2)
+    groups = {g["name"]: g for g in build_param_groups(ranker, ranker.param_kinds(), cfg)}
+    assert groups["item_bias"]["param_names"] == ["item_bias.weight"]
+    assert groups["item_bias"]["lr"] == pytest.approx(3e-2) and groups["item_bias"]["weight_decay"] == 0.0
+    assert groups["table"]["lr"] == pytest.approx(2e-3) and groups["embedding"]["lr"] == pytest.approx(2e-3)
+    assert groups["hidden"]["lr"] == pytest.approx(1e-3)
+    plain = Ranker(RankerConfig(d_model=16, n_heads=2), tiny_dims())
+    assert "item_bias" not in {g["name"] for g in build_param_groups(plain, plain.param_kinds(), cfg)}

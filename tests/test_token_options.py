@@ -93,7 +93,7 @@ def test_the_item_bias_starts_at_zero_and_adds_one_learned_logit_per_target_item
     base, batch = _ranker()
     ranker, _ = _ranker(item_bias=True)
     torch.testing.assert_close(ranker(batch), base(batch))  # zero at init: the same model
-    assert ranker.param_kinds()["item_bias.weight"] == "embedding"  # no weight decay; row decay applies
+    assert ranker.param_kinds()["item_bias.weight"] == "table"  # no weight decay; row decay applies
     with torch.no_grad():
         ranker.item_bias.weight[batch.target_item[0], 0] = 2.0
     with torch.no_grad():

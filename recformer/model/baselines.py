@@ -72,7 +72,7 @@ class PopularityRanker(nn.Module):
         return {}  # one logit per item: no embedding rows to watch
 
     def param_kinds(self) -> dict[str, ParamKind]:
-        return {"item_logit.weight": "embedding", "bias": "vector"}
+        return {"item_logit.weight": "table", "bias": "vector"}
 
     def flop_terms(self) -> list[flops.Term]:
         return []  # a table lookup and an add

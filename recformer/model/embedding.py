@@ -150,14 +150,16 @@ class FeatureTokenizer(nn.Module):
     def param_kinds(self, prefix: str = "tokens.") -> dict[str, str]:
         """Optimizer / muP kind of each of its parameters (``recformer.optim``), names under
         ``prefix``: the input projections' weights ``input`` (dense matrices of a fixed fan-in:
-        decayed, LR constant in width), their biases ``vector``, the tables and learned CLS / slot
-        vectors ``embedding`` (not decayed)."""
+        decayed, LR constant in width), their biases ``vector``, the id table ``table`` (rows updated
+        only where a batch reads them), the learned CLS / slot vectors ``embedding`` (not decayed)."""
         kinds = {}
         for mod_name, module in self.named_modules():
             for p_name, _ in module.named_parameters(recurse=False):
                 name = f"{prefix}{mod_name}.{p_name}" if mod_name else f"{prefix}{p_name}"
                 if isinstance(module, nn.Linear):
                     kinds[name] = "input" if p_name == "weight" else "vector"
+                elif isinstance(module, nn.Embedding):
+                    kinds[name] = "table"
                 else:
                     kinds[name] = "embedding"
         return kinds

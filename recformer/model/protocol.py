@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from recformer.model.flops import Term
     from recformer.optim import GroupRule
 
-ParamKind = Literal["hidden", "input", "embedding", "vector", "readout"]
+ParamKind = Literal["hidden", "input", "table", "embedding", "vector", "readout"]
 """A parameter's optimizer / muP category (``recformer.optim``, ``recformer.model.mup``)."""
 
 

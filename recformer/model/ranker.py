@@ -116,8 +116,9 @@ class Ranker(nn.Module):
 
         - ``input``: projections of the dense, embedding and content inputs (fixed fan-in): init
           and Adam LR constant in width, weight decay as any dense matrix;
-        - ``embedding``: tables and CLS / slot embeddings: init and Adam LR constant in width, no
-          weight decay;
+        - ``table``: id tables (the tokenizer's, the per-item bias): a row gets a gradient only where
+          a batch reads it; init and LR constant in width, no weight decay;
+        - ``embedding``: CLS / slot embeddings: init and Adam LR constant in width, no weight decay;
         - ``hidden``: matrices with both dimensions proportional to width: init std / sqrt(m),
           Adam LR / m;
         - ``vector``: norm gains and biases: constant;
@@ -130,7 +131,7 @@ class Ranker(nn.Module):
             elif name == "head.out.weight":
                 kinds[name] = "readout"
             elif name == "item_bias.weight":
-                kinds[name] = "embedding"
+                kinds[name] = "table"
             elif p.ndim == 1:
                 kinds[name] = "vector"
             elif p.ndim == 2:
