@@ -1,0 +1,109 @@
+"""Levers of the Transformer's within-user ranking, each a variant of one model preset, measured on
+validation only (the test split is not read):
+
+    python bench/levers.py                          # every variant of configs/quality/levers.yaml
+    python bench/levers.py --only base emb_lr30     # some of them
+    python bench/levers.py --seeds 0 1 2            # several seeds each (paired by seed)
+
+Each variant is ``recformer fit`` of the file's ``config`` with the variant's extra arguments, at
+one torch thread, up to ``epochs`` epochs with early stopping on validation AUC (patience 2
+validations, configs/trainer.yaml), validated every half epoch. A row gives the best validation
+AUC, the validation GAUC of that same checkpoint, the best GAUC of the run (at whichever
+validation), the epoch of the best AUC and whether the run stopped at the cap. Finished fits are
+kept (``done.json``): a rerun adds what is missing. Results: ``<out>/levers.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import cli_runs
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_variant(spec: dict, name: str, args: list[str], seed: int, out: Path) -> dict:
+    """One fit of a variant; its validation scores (kept in ``done.json``)."""
+    tag = f"{name}-seed{seed}"
+    run_dir = out / "runs" / tag / "version_0"
+    if (run_dir / "done.json").is_file():
+        return json.loads((run_dir / "done.json").read_text())
+    base = [f"--data.data_dir={spec['data_dir']}", f"--seed_everything={seed}"]
+    base += [f"--trainer.max_epochs={spec['epochs']}"]
+    configs = [spec["config"], spec["data_config"]]
+    run_dir, seconds = cli_runs.fit(configs, base + args, out / "runs", tag, threads=1)
+    result = {"name": name, "seed": seed, "args": args, **scores(run_dir, spec["epochs"])}
+    result["fit_seconds"] = round(seconds, 1)
+    (run_dir / "done.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def scores(run_dir: Path, cap: int) -> dict:
+    """Best validation AUC, the GAUC at it, the run's best GAUC, the epoch of the best AUC, and
+    whether training reached the epoch cap (no early stop)."""
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    val = [r for r in rows if r.get("val/auc")]
+    best = max(val, key=lambda r: float(r["val/auc"]))
+    last_epoch = max(int(float(r["epoch"])) for r in rows if r.get("epoch"))
+    return {
+        "val_auc": float(best["val/auc"]),
+        "val_gauc": float(best["val/gauc"]),
+        "best_val_gauc": max(float(r["val/gauc"]) for r in val),
+        "peak_epoch": int(float(best["epoch"])) + 1,
+        "hit_cap": last_epoch + 1 >= cap and val.index(best) >= len(val) - 2,
+        "validations": len(val),
+        "run": str(run_dir),
+    }
+
+
+def table(results: list[dict], names: list[str]) -> str:
+    lines = [
+        "| variant | seeds | val AUC | val GAUC (at best AUC) | best val GAUC | peak epoch | hit cap |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in names:
+        rs = sorted((r for r in results if r["name"] == name), key=lambda r: r["seed"])
+        if not rs:
+            continue
+        mean = lambda k: statistics.mean(r[k] for r in rs)  # noqa: B023
+        lines.append(
+            f"| {name} | {len(rs)} | {mean('val_auc'):.4f} | {mean('val_gauc'):.4f} | "
+            f"{mean('best_val_gauc'):.4f} | {', '.join(str(r['peak_epoch']) for r in rs)} | "
+            f"{sum(r['hit_cap'] for r in rs)}/{len(rs)} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", type=Path, default=ROOT / "configs" / "quality" / "levers.yaml")
+    p.add_argument("--only", nargs="+", default=None, help="variant names (default: all)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--jobs", type=int, default=2, help="fits at a time, one torch thread each")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "levers")
+    a = p.parse_args()
+    spec = yaml.safe_load(a.spec.read_text())
+    variants: dict[str, list[str]] = {k: list(v or []) for k, v in spec["variants"].items()}
+    unknown = sorted(set(a.only or []) - set(variants))
+    if unknown:
+        raise SystemExit(f"{a.spec}: no variants {unknown}; it has {sorted(variants)}")
+    names = a.only or list(variants)
+    a.out.mkdir(parents=True, exist_ok=True)
+    calls = [(spec, n, variants[n], s, a.out) for s in a.seeds for n in names]
+    with cf.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        results = [f.result() for f in [pool.submit(run_variant, *c) for c in calls]]
+    path = a.out / "levers.json"
+    old = json.loads(path.read_text()) if path.is_file() else []
+    merged = {(r["name"], r["seed"]): r for r in [*old, *results]}
+    path.write_text(json.dumps(list(merged.values()), indent=2))
+    print(table(list(merged.values()), names))
+
+
+if __name__ == "__main__":
+    main()
