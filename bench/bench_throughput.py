@@ -90,6 +90,8 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
         optim=OptimConfig(**model.get("optim", {})),
         dims=dm.feature_dims,
         arch=model.get("arch", "transformer"),
+        pairwise=model.get("pairwise", 0.0),
+        listwise=model.get("listwise", 0.0),
     )
     module.ranker.set_item_tables(*dm.item_tables())
     optimizer = module.make_optimizer()  # the module's own groups; no schedule: LR does not change cost
@@ -97,11 +99,12 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
 
 
 def step(module: RankerModule, optimizer: torch.optim.Optimizer, batch) -> None:
-    """One training step as ``recformer fit`` runs it (module.py: _shared_step's loss, then
-    configure_gradient_clipping, then the optimizer)."""
+    """One training step as ``recformer fit`` runs it (module.py: _shared_step's loss with the
+    terms beside it, then configure_gradient_clipping, then the optimizer)."""
     logits_B = module.ranker(batch).float()
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_B, batch.label, weight=batch.weight)
     loss = loss * len(batch) / batch.weight.sum().clamp_min(1e-12)
+    loss = loss + module._auxiliary_loss(logits_B, batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     module.configure_gradient_clipping(optimizer)

@@ -43,8 +43,10 @@ import argparse
 import concurrent.futures as cf
 import csv
 import json
+import math
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 import cli_runs
@@ -58,15 +60,24 @@ def load_grid(path: Path) -> dict:
     for arch, m in grid["models"].items():
         if not (ROOT / m["config"]).is_file():
             raise FileNotFoundError(f"{path}: models.{arch}.config {m['config']} does not exist")
+        unknown = sorted(set(m.get("axes", grid["axes"])) - set(grid["axes"]))
+        if unknown:
+            raise ValueError(
+                f"{path}: models.{arch}.axes names {unknown}, not in axes {sorted(grid['axes'])}"
+            )
     return grid
 
 
-def points(grid: dict, arch: str) -> list[dict[str, object]]:
-    """The grid's settings of ``arch``: every learning rate times every value of its regulariser."""
-    m = grid["models"][arch]
-    lrs = m.get("lr", grid["lr"])
-    knob, values = next(iter(m.get("regularisation", grid["regularisation"]).items()))
-    return [{"model.optim.lr": lr, knob: v} for lr in lrs for v in values]
+def preset_value(grid: dict, arch: str, key: str) -> object:
+    """The value ``recformer fit`` gives setting ``key`` (``model.optim.lr``) for ``arch`` with no
+    override: its preset's, else the data config's, else the grid's ``defaults``."""
+    for path in (grid["models"][arch]["config"], grid["data_config"]):
+        node = yaml.safe_load((ROOT / path).read_text()) or {}
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return grid["defaults"][key]
 
 
 def name_of(arch: str, setting: dict[str, object], seed: int) -> str:
@@ -74,9 +85,16 @@ def name_of(arch: str, setting: dict[str, object], seed: int) -> str:
     return f"{arch}-{tag}-seed{seed}"
 
 
+def score(grid: dict, r: dict) -> float:
+    """The validation score settings are chosen by: the sum of the grid's ``score`` metrics."""
+    return sum(r[m] for m in grid["score"])
+
+
 def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path) -> dict:
-    """``recformer fit`` of one point, one torch thread; its run folder, best validation scores and
-    fit time (kept in ``done.json``: a finished point is not run again, so a stage resumes)."""
+    """``recformer fit`` of one point, one torch thread; its run folder, best validation scores
+    (AUC, the GAUC of the same checkpoint, the epoch it came at and whether the run reached the
+    epoch cap) and fit time, kept in ``done.json``: a finished point is not run again, so a stage
+    resumes."""
     name = name_of(arch, setting, seed)
     run_dir = out / "runs" / name / "version_0"
     if (run_dir / "done.json").is_file():
@@ -88,10 +106,12 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
     ]
     args += [f"--{k}={v}" for k, v in setting.items()]
     configs = [grid["models"][arch]["config"], grid["data_config"]]
-    run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
+    with SLOTS:
+        run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     val = [r for r in rows if r.get("val/auc")]
     best = max(val, key=lambda r: float(r["val/auc"]))
+    epochs_run = max(int(float(r["epoch"])) for r in rows if r.get("epoch")) + 1
     result = {
         "arch": arch,
         "setting": setting,
@@ -101,35 +121,95 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
         "val_auc": float(best["val/auc"]),
         "val_gauc": float(best["val/gauc"]),
         "val_logloss": float(best["val/logloss"]),
-        "best_epoch": int(float(best["epoch"])),
+        "best_epoch": int(float(best["epoch"])) + 1,
         "best_step": int(float(best["step"])),
         "validations": len(val),
         "best_validation": val.index(best) + 1,
+        # Early stopping ends a run 2 validations after its best; one that ran to the cap with
+        # its best among its last 2 validations might have improved with more epochs.
+        "hit_cap": epochs_run >= grid["epochs"] and val.index(best) >= len(val) - 2,
         "fit_seconds": round(seconds, 1),
     }
     (run_dir / "done.json").write_text(json.dumps(result, indent=2))
     return result
 
 
+SLOTS = threading.BoundedSemaphore(2)
+"""Fits running at a time (``--jobs``): every model's search shares them."""
+
+
+def extend(axis: dict, values: list, best: object) -> object | None:
+    """A value beyond the edge of ``values`` that ``best`` sits on, or None when it sits inside
+    (or on 0, the lower end of a penalty or dropout: "off" has nothing below it). Log axes step by
+    the ratio of their last (or first) two nonzero values, linear axes by their spacing; ``max``
+    bounds them."""
+    ordered = sorted(values)
+    if best not in (ordered[0], ordered[-1]) or best == 0:
+        return None
+    up = best == ordered[-1]
+    a, b = (ordered[-2], ordered[-1]) if up else (ordered[1], ordered[0])
+    if axis["scale"] == "log":
+        a = a if a != 0 else b / 10  # one nonzero value only: a decade
+        new = _on_1_3_ladder(b * (b / a))
+    else:
+        new = float(f"{b + (b - a):.3g}")
+    if new < 0 or new > axis.get("max", float("inf")) or new in ordered:
+        return None
+    return new
+
+
+def _on_1_3_ladder(x: float) -> float:
+    """The value of 1, 3, 10, 30, ... times a power of ten nearest ``x`` on a log scale."""
+    decade = math.floor(math.log10(x))
+    steps = [m * 10.0**decade for m in (1, 3, 10)]
+    return float(f"{min(steps, key=lambda v: abs(math.log10(v / x))):.3g}")
+
+
+def search(grid: dict, arch: str, out: Path) -> tuple[dict, list[dict]]:
+    """Coordinate search of ``arch``'s setting on validation, at seed 0: from the preset's values,
+    each axis in the grid's order tried at all of its values with the others held, the best kept;
+    an axis whose best sits on an edge of its values gets the next value beyond it until it does
+    not; then the first axis (the learning rate) once more at the final setting of the others.
+    Every model gets the same axes and values (``models.<arch>.axes`` drops the ones a model does
+    not have), so the same budget."""
+    axes = grid["models"][arch].get("axes", list(grid["axes"]))
+    current = {k: preset_value(grid, arch, k) for k in axes}
+    tried: dict[str, dict] = {}
+    for key in [*axes, axes[0]]:
+        values = sorted(set(grid["axes"][key]["values"]) | {current[key]})
+        while True:
+            settings = [{**current, key: v} for v in values]
+            for r in parallel(len(settings), [(fit, arch, grid, s, 0, out) for s in settings]):
+                tried[json.dumps(r["setting"], sort_keys=True)] = r
+            best = max((tried[json.dumps(s, sort_keys=True)] for s in settings), key=lambda r: score(grid, r))
+            new = extend(grid["axes"][key], values, best["setting"][key])
+            if new is None:
+                break
+            values = sorted([*values, new])
+        current = best["setting"]
+    return current, list(tried.values())
+
+
 def parallel(jobs: int, calls: list[tuple]) -> list[dict]:
-    with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(fn, *args) for fn, *args in calls]
         return [f.result() for f in futures]
 
 
 def tune(grid: dict, archs: list[str], out: Path, jobs: int) -> dict[str, dict]:
-    calls = [(fit, arch, grid, s, 0, out) for arch in archs for s in points(grid, arch)]
-    results = parallel(jobs, calls)
+    """Every model's coordinate search (``search``) at once, sharing ``jobs`` fit slots."""
+    found = dict(zip(archs, parallel(len(archs), [(search, grid, a, out) for a in archs])))
+    results = [r for a in archs for r in found[a][1]]
     chosen = {}
     for arch in archs:
-        mine = sorted((r for r in results if r["arch"] == arch), key=lambda r: -r["val_auc"])
-        chosen[arch] = mine[0]
-        print(f"\n{arch}: validation AUC per point (best first)")
+        mine = sorted(found[arch][1], key=lambda r: -score(grid, r))
+        chosen[arch] = next(r for r in mine if r["setting"] == found[arch][0])
+        print(f"\n{arch}: validation {' + '.join(grid['score'])} per point (best first)")
         for r in mine:
             print(
                 f"  {json.dumps(r['setting'])}: AUC {r['val_auc']:.4f}  GAUC {r['val_gauc']:.4f}  "
-                f"best at validation {r['best_validation']}/{r['validations']} (step {r['best_step']})  "
-                f"({r['fit_seconds']:.0f} s)"
+                f"best at epoch {r['best_epoch']} (validation {r['best_validation']}/{r['validations']})"
+                f"{'  HIT THE CAP' if r['hit_cap'] else ''}  ({r['fit_seconds']:.0f} s)"
             )
     _merge(out / "tuning.json", results)
     _merge_dict(out / "chosen.json", {a: r["setting"] for a, r in chosen.items()})
@@ -245,6 +325,8 @@ def main() -> None:
     p.add_argument("--reference", default="transformer")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "quality")
     a = p.parse_args()
+    global SLOTS
+    SLOTS = threading.BoundedSemaphore(a.jobs)
     grid = load_grid(a.grid)
     archs = a.archs or list(grid["models"])
     a.out.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,9 @@ def _grid(tmp_path: Path, data: Path) -> Path:
         "epochs": 1,
         "data_dir": str(data),
         "data_config": str(data_config),
-        "lr": [1.0e-3, 3.0e-3],
-        "regularisation": {"model.optim.embedding_decay": [0.0]},
+        "score": ["val_auc"],
+        "axes": {"model.optim.lr": {"values": [1.0e-3, 3.0e-3], "scale": "log", "max": 3.0e-3}},
+        "defaults": {"model.optim.lr": 1.0e-3},
         "models": {
             "transformer": {"config": str(model)},
             "popularity": {"config": "configs/model/popularity.yaml"},
@@ -44,7 +45,9 @@ def test_quality_bench_tunes_on_validation_then_tests_the_chosen_settings_over_s
     proc = subprocess.run(cmd + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tuning = json.loads((out / "tuning.json").read_text())
-    assert len(tuning) == 4 and {r["seed"] for r in tuning} == {0}  # 2 models x 2 LRs, seed 0
+    # 2 models x the 2 LRs (and their presets' own, popularity's 1e-3), seed 0; no extension: max.
+    assert len(tuning) == 4 and {r["seed"] for r in tuning} == {0}
+    assert all("hit_cap" in r and r["best_epoch"] == 1 for r in tuning)
     chosen = json.loads((out / "chosen.json").read_text())
     for arch in ("transformer", "popularity"):  # the best validation AUC of its points
         best = max((r for r in tuning if r["arch"] == arch), key=lambda r: r["val_auc"])
@@ -64,6 +67,59 @@ def test_quality_bench_tunes_on_validation_then_tests_the_chosen_settings_over_s
     assert "transformer - popularity" in proc.stdout and "samples/s" in proc.stdout
     table = (out / "report.md").read_text()  # the README's table, also printed
     assert table in proc.stdout and "| transformer | lr " in table and "- popularity, seed 1: " in table
+
+
+def _fake_fit(peak: dict[str, float]):
+    """A stand-in for quality.fit whose validation AUC falls with the log distance from ``peak``."""
+    import math
+
+    calls = []
+
+    def fit(arch, grid, setting, seed, out):
+        calls.append(dict(setting))
+        dist = sum(
+            abs(math.log10(setting[k] + 1e-6) - math.log10(v + 1e-6)) for k, v in peak.items() if k in setting
+        )
+        return {"arch": arch, "setting": setting, "seed": seed, "val_auc": 0.8 - 0.01 * dist, "val_gauc": 0.6}
+
+    return fit, calls
+
+
+def test_quality_search_walks_each_axis_and_extends_an_edge(tmp_path, monkeypatch):
+    """The coordinate search: every axis tried with the others held, an edge best extended until it
+    is inside, then the learning rate once more; the preset's own values are the start."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling cli_runs
+    q = load_bench("quality")
+    grid = yaml.safe_load((ROOT / "configs/quality/grid.yaml").read_text())
+    fit, calls = _fake_fit(
+        {"model.optim.lr": 3e-2, "model.optim.embedding_l2": 1e-2, "model.ranker.dropout": 0.1}
+    )
+    monkeypatch.setattr(q, "fit", fit)
+    chosen, tried = q.search(grid, "deepfm", tmp_path)
+    # lr's best 3e-3 is the grid's top: 1e-2, then 3e-2 (the max) are added; the penalty's best
+    # 1e-2 is inside; dropout's peak 0.1 (on a log distance, so 0.1 beats 0 and 0.2).
+    assert chosen == {"model.optim.lr": 0.03, "model.optim.embedding_l2": 0.01, "model.ranker.dropout": 0.1}
+    lrs = sorted({c["model.optim.lr"] for c in calls})
+    assert lrs == [3e-4, 1e-3, 3e-3, 0.01, 0.03]
+    assert len(tried) == len({json.dumps(c, sort_keys=True) for c in calls})
+    start = calls[0]
+    assert start["model.optim.embedding_l2"] == 0.0 and start["model.ranker.dropout"] == 0.1  # deepfm.yaml
+
+
+def test_quality_search_extends_a_penalty_up_but_not_below_zero(tmp_path, monkeypatch):
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling cli_runs
+    q = load_bench("quality")
+    grid = yaml.safe_load((ROOT / "configs/quality/grid.yaml").read_text())
+    fit, _ = _fake_fit({"model.optim.lr": 1e-3, "model.optim.embedding_l2": 1.0, "model.ranker.dropout": 0.0})
+    monkeypatch.setattr(q, "fit", fit)
+    chosen, _ = q.search(grid, "popularity", tmp_path)  # no dropout axis
+    assert chosen == {"model.optim.lr": 1e-3, "model.optim.embedding_l2": 1.0}
+    assert q.extend(grid["axes"]["model.optim.embedding_l2"], [0.0, 1e-3], 0.0) is None
+    assert q.extend(grid["axes"]["model.ranker.dropout"], [0.0, 0.1, 0.2, 0.3], 0.3) == 0.4
 
 
 def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path):
