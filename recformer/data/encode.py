@@ -329,6 +329,20 @@ def item_raw_ids(spec: FeatureSpec, column: str) -> pa.Array:
     return raw.take(pa.array(np.argsort(ids)))
 
 
+def manifest_entry(item_ids: str | None) -> dict[str, object]:
+    """How the encoder turns raw values into the model's inputs, for an artifact's manifest: its
+    constants and its formulas (the spec in ``encodings/`` holds the statistics and sizes);
+    ``item_ids``: the file of the item raw-id map under ``encodings/``, if the artifact has one."""
+    return {
+        "ids": "vocabulary row + 1 (raw ids through encodings/vocab/ where the spec names a file); 0 = OOV",
+        "item_ids": f"encodings/{item_ids}" if item_ids else None,
+        "dense": "(f(x) - mean) / std with f(x) = sign(x) * log1p(|x|) where log1p, else x",
+        "history": "the newest sequence.max_len events, oldest first, left-padded with row 0",
+        "time_gap_unit_s": GAP_UNIT_S,
+        "time_gap_row": "1 + min(floor(log2(1 + gap_s / time_gap_unit_s)), time_gap_buckets - 1); 0 = pad",
+    }
+
+
 def write_item_ids(raw: pa.Array, path: Path) -> None:
     """The map as a vocabulary file (``value`` column, id order), read back by ``read_item_ids``."""
     pq.write_table(pa.table({VALUE: raw}), path)
