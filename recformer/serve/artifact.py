@@ -110,17 +110,29 @@ def _inputs(manifest: dict[str, Any], where: Path) -> tuple[str, ...]:
     return tuple(i["name"] for i in inputs)
 
 
-def load_scorer(artifact: Artifact, backend: str, threads: int, device: str = "cpu") -> Scorer:
-    """The exported model of ``backend`` on ``threads`` CPU threads (intra-op; one inter-op),
-    or on ``device`` (``cuda:N``: onnxruntime's CUDA provider, onnxruntime-gpu installed)."""
-    path, names = artifact.model_file(backend), artifact.inputs
-    if backend == "onnx":
-        return _onnx_scorer(path, threads, device)
-    if device != "cpu":
+def check_device(backend: str, device: str) -> None:
+    """Refuse a device the backend cannot use here, before any worker starts: onnxruntime falls
+    back to the CPU silently when its CUDA provider is missing."""
+    if device == "cpu":
+        return
+    if backend == "torch-export":
         raise ArtifactError(
             "--backend torch-export serves on the CPU only (the program was traced on the CPU, its "
             "constants live there); serve on a GPU with --backend onnx"
         )
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ArtifactError("--device cuda needs onnxruntime's CUDA provider: pip install onnxruntime-gpu")
+
+
+def load_scorer(artifact: Artifact, backend: str, threads: int, device: str = "cpu") -> Scorer:
+    """The exported model of ``backend`` on ``threads`` CPU threads (intra-op; one inter-op),
+    or on ``device`` (``cuda:N``: onnxruntime's CUDA provider, onnxruntime-gpu installed)."""
+    check_device(backend, device.partition(":")[0])
+    path, names = artifact.model_file(backend), artifact.inputs
+    if backend == "onnx":
+        return _onnx_scorer(path, threads, device)
     import torch
 
     torch.set_num_threads(threads)
@@ -144,10 +156,6 @@ def _onnx_scorer(path: Path, threads: int, device: str) -> Scorer:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise ArtifactError(
-                "--device cuda needs onnxruntime's CUDA provider: pip install onnxruntime-gpu"
-            )
         index = int(device.partition(":")[2] or 0)
         providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), options, providers=providers)

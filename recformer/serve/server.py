@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recformer.serve.artifact import BACKENDS, Artifact, ArtifactError
+from recformer.serve.artifact import BACKENDS, Artifact, ArtifactError, check_device
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(a)
         artifact = Artifact.open(a.export_dir, a.backend)
-        if a.backend == "torch-export" and a.device != "cpu":
-            raise ArtifactError("--backend torch-export serves on the CPU only; use --backend onnx on a GPU")
+        check_device(a.backend, a.device)
         server, threads = build(a, artifact)
     except (ArtifactError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
         print(f"recformer serve: error: {e}", file=sys.stderr)
