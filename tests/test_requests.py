@@ -193,3 +193,12 @@ def test_a_value_only_the_encoder_can_judge_is_a_data_error_naming_the_column(ti
     with pytest.raises(DataError, match=age):
         enc([_bad("context.age", 1e39)])
     assert np.isfinite(enc([_bad("context.activity", 1e38)]).batch.dense.numpy()).all()
+
+
+def test_the_example_request_is_valid_and_names_every_feature(tiny_data):
+    enc = RequestEncoder(FeatureSpec.load(tiny_data / "spec.yaml"))
+    example = enc.example()
+    assert set(example["context"]) == {"hour", "device", "activity", "age", "query_vec"}
+    assert example["context"]["device"] == "ios" and example["history"][0]["timestamp"] < example["timestamp"]
+    out = enc([example])
+    assert out.batch.target_item.tolist() == [1] and out.unknown.sum() == 0

@@ -34,7 +34,9 @@ from tests.test_export import _checkpoint
 
 pytest.importorskip("litserve")
 parity = load_bench("serve_parity")
+# Batches of up to 16 requests, scored 5 rows a model call: the parity test covers the chunking too.
 SERVE = ("--threads", "1", "--max-batch", "16", "--batch-timeout-ms", "20", "--max-body-bytes", "20000")
+SERVE += ("--chunk-rows", "5")
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +257,9 @@ def test_health_and_info_describe_the_model_and_its_requests(artifact, server):
     assert info["item_ids"] == "encodings/item_ids.parquet" and info["time_gap_unit_s"] == 60.0
     assert info["request"]["candidates"] == {"item": "a string id"}
     assert info["request"]["history"]["max_events"] == 6
+    example = info["example_request"]  # what the server scored before it said healthy
+    status, body = asyncio.run(_post_raw(server, json.dumps(example)))
+    assert status == 200 and len(body["scores"]) == 1 and example["candidates"] == [{"item": "sku-000"}]
 
 
 def test_sigterm_to_the_server_alone_stops_its_workers(artifact):

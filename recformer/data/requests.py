@@ -158,6 +158,25 @@ class RequestEncoder:
             out[TIMESTAMP] = self.time.expected()
         return out
 
+    def example(self) -> dict[str, Any]:
+        """A valid request of this spec (one candidate, one event; first known ids, zero dense
+        values): the server scores it once before it reports healthy, and /info shows it."""
+        first = self._known
+        value = {"id": first, "dense": lambda f: 0.0, "vector": lambda f: [0.0] * f.size, "bag": lambda f: []}
+        out: dict[str, Any] = {"context": {n: value[f.kind](f) for n, f in self.row_fields.items()}}
+        out["candidates"] = [{ITEM: first(self.item)}]
+        if self.spec.sequence is not None:
+            event = {f.name: first(f) for f in self.event_fields}
+            out["history"] = [event | ({TIMESTAMP: 1_700_000_000 - 3600} if self.time else {})]
+        if self.time:
+            out[TIMESTAMP] = 1_700_000_000
+        return out
+
+    def _known(self, f: Field) -> Any:
+        """The first known raw id of an id field: its vocabulary's first value, else id 0."""
+        vocab = self.decoder.vocabs.get(self.spec.item.column if f.name == ITEM else f.name)
+        return vocab[0].as_py() if vocab is not None else 0
+
     # -- one request ---------------------------------------------------------------------------
     def parse(self, request: Any) -> Parsed:
         """``request`` checked (``RequestError`` names the first bad field)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import litserve as ls
+import numpy as np
 from fastapi.responses import JSONResponse
 
 from recformer.serve.metrics import ServeMetrics
@@ -43,10 +44,11 @@ class RankerAPI(ls.LitAPI):
         max_candidates: int,
         max_batch_size: int,
         batch_timeout: float,
+        chunk_rows: int = 4096,
     ):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict")
         self.artifact, self.backend, self.threads = Path(artifact), backend, threads
-        self.metrics, self.max_candidates = metrics, max_candidates
+        self.metrics, self.max_candidates, self.chunk_rows = metrics, max_candidates, chunk_rows
 
     def setup(self, device: str) -> None:
         from recformer.serve.artifact import Artifact, load_scorer
@@ -55,6 +57,11 @@ class RankerAPI(ls.LitAPI):
         self.encoder = artifact.request_encoder(self.max_candidates)
         self.scorer = load_scorer(artifact, self.backend, self.threads, device)
         self.inputs = artifact.inputs
+        # One request through every step before /health says ready: the loader's kernels compile
+        # and the backend plans its graph on first use (0.1-0.2 s), which no client should wait for.
+        (answer,) = self._score([self.encoder.parse(self.encoder.example())], count=False)
+        if isinstance(answer, Rejected):
+            raise RuntimeError(f"the warm-up request was refused: {answer.detail}")
 
     def decode_request(self, request: dict) -> Any:
         from recformer.data.requests import RequestError
@@ -82,7 +89,7 @@ class RankerAPI(ls.LitAPI):
         return output
 
     # -- scoring -------------------------------------------------------------------------------
-    def _score(self, parsed: list) -> list:
+    def _score(self, parsed: list, count: bool = True) -> list:
         """Per input: its response, or its ``Rejected``. The valid requests are encoded together;
         if a value only the encoder can judge (a dense value past float32 once normalised) fails
         that, each is encoded alone so only the bad one is refused."""
@@ -103,11 +110,23 @@ class RankerAPI(ls.LitAPI):
                 except DataError as e:
                     results[i] = Rejected(str(e))
         for members, encoded in groups:
-            batch = encoded.batch.to("cpu")  # ids widened to int64, as the exported graph takes them
-            scores = self.scorer({name: getattr(batch, name).numpy() for name in self.inputs})
+            scores = self._model(encoded.batch)
             for j, i in enumerate(members):
                 a, b = encoded.spans[j]
                 unknown = {n: int(c) for n, c in zip(self.encoder.oov_names, encoded.unknown[j]) if c}
                 results[i] = {"scores": scores[a:b].tolist(), "unknown_ids": unknown}
-            self.metrics.add_batch(len(members), len(batch), encoded.unknown.sum(axis=0))
+            if count:
+                self.metrics.add_batch(len(members), len(scores), encoded.unknown.sum(axis=0))
         return results
+
+    def _model(self, batch: Any) -> np.ndarray:
+        """Scores of a batch's rows, ``chunk_rows`` at a time: a batch of many requests of many
+        candidates stays within a bounded activation memory (attention is rows x tokens^2)."""
+        batch = batch.to("cpu")  # ids widened to int64, as the exported graph takes them
+        inputs = {name: getattr(batch, name).numpy() for name in self.inputs}
+        n = len(batch)
+        chunks = [
+            self.scorer({k: v[a : a + self.chunk_rows] for k, v in inputs.items()})
+            for a in range(0, n, self.chunk_rows)
+        ]
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)

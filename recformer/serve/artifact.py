@@ -135,8 +135,7 @@ def load_scorer(artifact: Artifact, backend: str, threads: int, device: str = "c
         return _onnx_scorer(path, threads, device)
     import torch
 
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
+    torch.set_num_threads(threads)  # intra-op; a graph run op by op has no inter-op parallelism to use
     module = torch.export.load(str(path)).module()
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:

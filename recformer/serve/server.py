@@ -1,7 +1,8 @@
 """``recformer serve EXPORT_DIR``: the exported ranker behind an HTTP server, on LitServe.
 
     recformer serve exported/ [--backend onnx|torch-export] [--port 8000] [--workers 1] [--threads N]
-        [--max-batch 32] [--batch-timeout-ms 2] [--max-candidates 1000] [--max-body-bytes 1048576]
+        [--max-batch 32] [--batch-timeout-ms 2] [--max-candidates 1000] [--chunk-rows 4096]
+        [--max-body-bytes 1048576]
 
 Routes: ``POST /predict`` (a request ranks one user's candidates: ``recformer.data.requests``;
 the answer is ``{"scores": [...], "unknown_ids": {...}}``, a click probability per candidate in
@@ -72,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
         "--max-candidates", type=int, default=1000, help="candidates per request at most (default 1000)"
     )
     p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=4096,
+        help="candidate rows per model call at most; a larger batch is scored in chunks (default 4096)",
+    )
+    p.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, help="request body size at most (default 1 MiB)"
     )
     p.add_argument(
@@ -83,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
 
 def check_args(a: argparse.Namespace) -> None:
     """Refuse settings LitServe would take badly (it asserts, or fails in a worker), by name."""
-    for name in ("workers", "max_batch", "max_candidates", "max_body_bytes"):
+    for name in ("workers", "max_batch", "max_candidates", "max_body_bytes", "chunk_rows"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
     if a.threads is not None and a.threads < 1:
@@ -105,11 +112,13 @@ def build(a: argparse.Namespace, artifact: Artifact) -> tuple[Any, int]:
     encoder = artifact.request_encoder(a.max_candidates)  # checks the encodings before any worker starts
     metrics = ServeMetrics(encoder.oov_names)
     threads = a.threads or max(1, _cores() // a.workers)
+    timeout_s = a.batch_timeout_ms / 1e3
     api = RankerAPI(
-        artifact.path, a.backend, threads, metrics, a.max_candidates, a.max_batch, a.batch_timeout_ms / 1e3
+        artifact.path, a.backend, threads, metrics, a.max_candidates, a.max_batch, timeout_s, a.chunk_rows
     )
     info = artifact.describe(a.backend) | {"threads_per_worker": threads, "request": encoder.describe()}
-    info |= {"max_batch_requests": a.max_batch, "batch_timeout_ms": a.batch_timeout_ms}
+    info |= {"example_request": encoder.example(), "max_batch_requests": a.max_batch}
+    info |= {"batch_timeout_ms": a.batch_timeout_ms, "chunk_rows": a.chunk_rows}
     server = ls.LitServer(
         api,
         accelerator="cuda" if a.device == "cuda" else "cpu",
