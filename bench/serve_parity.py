@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             predict(a.ckpt, a.data, a.split, predictions)
         want = predict_scores(predictions, a.data, a.split)
         args = ("--backend", a.backend, "--threads", str(a.threads), "--log-level", "error")
-        with running_server(a.artifact, *args, log=Path(tmp) / "serve.log") as url:
-            got, sent = server_scores(url, a.artifact, a.backend, a.data, a.split, a.concurrency)
+        with running_server(a.artifact, *args, log=Path(tmp) / "serve.log") as served:
+            got, sent = server_scores(served.url, a.artifact, a.backend, a.data, a.split, a.concurrency)
     diff = np.abs(got - want)
     worst = float(np.nanmax(diff)) if np.isfinite(diff).any() else float("nan")
     missing = int(np.isnan(diff).sum())

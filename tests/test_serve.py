@@ -64,8 +64,8 @@ def artifact(tiny_data, tmp_path_factory) -> tuple[Path, Path, Path]:
 @pytest.fixture(scope="module")
 def server(artifact):
     data, out, _ = artifact
-    with running_server(out, *SERVE, timeout=120, env=recformer_env()) as url:
-        yield url
+    with running_server(out, *SERVE, timeout=120, env=recformer_env()) as served:
+        yield served.url
 
 
 def _requests(data: Path, out: Path, max_candidates: int = 100):
@@ -96,8 +96,8 @@ def test_every_test_row_through_the_server_scores_what_predict_scores(artifact, 
         after = _metrics(server)["batches"]
         assert after["count"] - before["count"] < sent["requests"], "no two requests were ever batched"
     else:
-        with running_server(out, *SERVE, "--backend", backend, timeout=120, env=recformer_env()) as url:
-            got, sent = parity.server_scores(url, out, backend, data, "test", concurrency=16)
+        with running_server(out, *SERVE, "--backend", backend, timeout=120, env=recformer_env()) as served:
+            got, sent = parity.server_scores(served.url, out, backend, data, "test", concurrency=16)
     assert sent["rows"] == 90 and not np.isnan(got).any()
     assert np.abs(got - want).max() <= TOLERANCE
     assert np.abs(got - want).max() < np.abs(got - got[::-1]).max()  # the scores are not all alike

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -33,6 +34,14 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+@dataclass(frozen=True)
+class Served:
+    url: str
+    """``http://127.0.0.1:PORT``."""
+    pid: int
+    """The server's process, which leads the process group of its workers."""
+
+
 @contextlib.contextmanager
 def running_server(
     export_dir: Path,
@@ -40,10 +49,10 @@ def running_server(
     timeout: float = 180.0,
     log: Path | None = None,
     env: dict[str, str] | None = None,
-) -> Iterator[str]:
-    """``recformer serve export_dir *args`` on a free port; yields its base URL once healthy.
-    Its output goes to ``log`` (a temporary file otherwise), quoted in the error if it never gets
-    healthy. The server runs in a session of its own: stopping it stops its workers too."""
+) -> Iterator[Served]:
+    """``recformer serve export_dir *args`` on a free port, yielded once healthy. Its output goes
+    to ``log`` (a temporary file otherwise), quoted in the error if it never gets healthy. The
+    server runs in a session of its own: stopping it stops its workers too."""
     port = free_port()
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"recformer-serve-{port}.log"
     cmd = [sys.executable, "-m", "recformer", "serve", str(export_dir), "--port", str(port), *args]
@@ -52,7 +61,7 @@ def running_server(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, timeout, log)
-        yield url
+        yield Served(url, proc.pid)
     finally:
         stop(proc)
 

@@ -87,8 +87,9 @@ class ServeMetrics:
             },
             "batches": {
                 "count": c["batches"],
-                "mean_requests": c["batched_requests"] / c["batches"] if c["batches"] else None,
+                "requests": c["batched_requests"],
                 "candidates": c["candidates"],
+                "mean_requests": c["batched_requests"] / c["batches"] if c["batches"] else None,
             },
             "unknown_ids": unknown,
         }
