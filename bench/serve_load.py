@@ -102,6 +102,14 @@ def _client_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def idle_cpu(pgid: int, settle: float = 2.0, seconds: float = 5.0) -> float:
+    """CPU seconds a second the server's processes use with no request in flight."""
+    time.sleep(settle)
+    start = _cpu_seconds(pgid)
+    time.sleep(seconds)
+    return round((_cpu_seconds(pgid) - start) / seconds, 3)
+
+
 def measure(url: str, pgid: int, bodies: list[bytes], clients: int, seconds: float, warmup: float) -> dict:
     asyncio.run(closed_loop(url, bodies, clients, warmup))
     before = json.loads(get(f"{url}/metrics")[1])["batches"]
@@ -135,6 +143,7 @@ def run(a: argparse.Namespace) -> dict:
     result["loadavg_before_run"] = os.getloadavg()
     for backend in BACKENDS:
         with running_server(a.artifact, "--backend", backend, *server_args) as served:
+            result.setdefault("idle_cpu_per_s", {})[backend] = idle_cpu(served.pid)
             for clients in a.clients:
                 m = measure(served.url, served.pid, bodies, clients, a.seconds, a.warmup)
                 result["levels"].setdefault(str(clients), {})[backend] = m
@@ -184,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         f"server: 1 worker x {a.threads} thread(s), batches of <= {a.max_batch} requests within "
         f"{a.batch_timeout_ms:g} ms; {a.candidates} candidates a request; {result['cores']} cores shared "
         f"with the client; load average {before:.2f} before, {after:.2f} after; server CPU seconds per "
-        f"wall second: {per_wall}"
+        f"wall second: {per_wall}; idle: "
+        + ", ".join(f"{BACKENDS[b]} {v:.3f}" for b, v in result["idle_cpu_per_s"].items())
     )
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

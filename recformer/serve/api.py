@@ -21,6 +21,7 @@ import litserve as ls
 import numpy as np
 from fastapi.responses import JSONResponse
 
+from recformer.serve.loop import WaitingBatchLoop
 from recformer.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,12 @@ class RankerAPI(ls.LitAPI):
         batch_timeout: float,
         chunk_rows: int = 4096,
     ):
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict")
+        # One request at a time: LitServe's single loop, which waits on its queue. Batches: ours,
+        # which waits too, where LitServe's batched loop polls (recformer/serve/loop.py).
+        loop = WaitingBatchLoop() if max_batch_size > 1 else "auto"
+        super().__init__(
+            max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict", loop=loop
+        )
         self.artifact, self.backend, self.threads = Path(artifact), backend, threads
         self.metrics, self.max_candidates, self.chunk_rows = metrics, max_candidates, chunk_rows
 
