@@ -8,9 +8,11 @@ Requests are real rows: a MovieLens test row's user context and history (raw ids
 values, event timestamps: ``recformer.serve.replay``) with ``--candidates`` items drawn from the
 test items, each with its item-side features (``--candidate-features``) from a row that item was
 scored in. Bodies are serialised once, before the clock starts. Each client is an asyncio task in
-a closed loop (send, wait for the answer, send the next), all on one aiohttp session; each level
-runs ``--seconds`` after ``--warmup`` seconds at that level. A request that is not a 200 stops the
-run. The server runs one worker of ``--threads`` threads (stated in the table), and the client
+a closed loop (send, wait for the answer, send the next), all on one aiohttp session. Both
+servers run at once (idle, each waits on its queue: ~0 CPU); each level is measured ``--seconds``
+per backend, in ``--rounds`` slices alternating between the backends (each after ``--warmup``
+unmeasured seconds), so a neighbour's load falls on both alike. A request that is not a 200 stops
+the run. The server runs one worker of ``--threads`` threads (stated in the table), and the client
 shares the machine with it: the table also gives the machine's load (``/proc/loadavg``), the CPU
 seconds the server and the client used, and each level's mean requests per batch (from
 ``/metrics``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -111,6 +114,7 @@ def idle_cpu(pgid: int, settle: float = 2.0, seconds: float = 5.0) -> float:
 
 
 def measure(url: str, pgid: int, bodies: list[bytes], clients: int, seconds: float, warmup: float) -> dict:
+    """One slice: ``warmup`` unmeasured seconds, then ``seconds`` measured, at ``clients``."""
     asyncio.run(closed_loop(url, bodies, clients, warmup))
     before = json.loads(get(f"{url}/metrics")[1])["batches"]
     server_cpu, client_cpu, load = _cpu_seconds(pgid), _client_cpu(), os.getloadavg()[0]
@@ -118,37 +122,60 @@ def measure(url: str, pgid: int, bodies: list[bytes], clients: int, seconds: flo
     latencies, done = asyncio.run(closed_loop(url, bodies, clients, seconds))
     wall = time.perf_counter() - start
     after = json.loads(get(f"{url}/metrics")[1])["batches"]
-    ms = np.array(latencies) * 1e3
-    batches = after["count"] - before["count"]
+    return {
+        "latencies": latencies,
+        "seconds": wall,
+        "batches": after["count"] - before["count"],
+        "batched_requests": after["requests"] - before["requests"],
+        "server_cpu_s": _cpu_seconds(pgid) - server_cpu,
+        "client_cpu_s": _client_cpu() - client_cpu,
+        "loadavg_1m": [load],
+    }
+
+
+def summary(slices: list[dict], clients: int) -> dict:
+    """A level's figures over its slices."""
+    ms = np.concatenate([np.array(s["latencies"]) for s in slices]) * 1e3
+    total = lambda k: sum(s[k] for s in slices)
     return {
         "clients": clients,
-        "requests": done,
-        "seconds": round(wall, 2),
-        "rps": done / wall,
+        "requests": len(ms),
+        "seconds": round(total("seconds"), 2),
+        "rps": len(ms) / total("seconds"),
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),
-        "requests_per_batch": round((after["requests"] - before["requests"]) / max(batches, 1), 2),
-        "server_cpu_s": round(_cpu_seconds(pgid) - server_cpu, 1),
-        "client_cpu_s": round(_client_cpu() - client_cpu, 1),
-        "loadavg_1m_before": load,
+        "requests_per_batch": round(total("batched_requests") / max(total("batches"), 1), 2),
+        "server_cpu_s": round(total("server_cpu_s"), 1),
+        "client_cpu_s": round(total("client_cpu_s"), 1),
+        "loadavg_1m": [round(x, 2) for s in slices for x in s["loadavg_1m"]],
     }
 
 
 def run(a: argparse.Namespace) -> dict:
+    """Both servers up (an idle one takes no CPU: ``idle_cpu_per_s``); each level runs in
+    ``--rounds`` slices per backend, alternating which goes first, so both see the same load from
+    whatever else runs on the machine."""
     bodies = request_bodies(a.artifact, a.data, a.requests, a.candidates, a.candidate_features)
     server_args = ["--threads", str(a.threads), "--workers", "1", "--max-batch", str(a.max_batch)]
     server_args += ["--batch-timeout-ms", str(a.batch_timeout_ms), "--log-level", "error"]
     result = {"threads": a.threads, "cores": os.cpu_count(), "candidates": a.candidates, "levels": {}}
     result |= {"max_batch": a.max_batch, "batch_timeout_ms": a.batch_timeout_ms, "seconds": a.seconds}
-    result["loadavg_before_run"] = os.getloadavg()
-    for backend in BACKENDS:
-        with running_server(a.artifact, "--backend", backend, *server_args) as served:
-            result.setdefault("idle_cpu_per_s", {})[backend] = idle_cpu(served.pid)
-            for clients in a.clients:
-                m = measure(served.url, served.pid, bodies, clients, a.seconds, a.warmup)
-                result["levels"].setdefault(str(clients), {})[backend] = m
+    result |= {"rounds": a.rounds, "loadavg_before_run": os.getloadavg()}
+    with contextlib.ExitStack() as stack:
+        servers = {
+            b: stack.enter_context(running_server(a.artifact, "--backend", b, *server_args)) for b in BACKENDS
+        }
+        result["idle_cpu_per_s"] = {b: idle_cpu(s.pid) for b, s in servers.items()}
+        for clients in a.clients:
+            slices: dict[str, list] = {b: [] for b in BACKENDS}
+            for r in range(a.rounds):
+                for b in list(BACKENDS)[:: 1 if r % 2 == 0 else -1]:
+                    s = servers[b]
+                    slices[b].append(measure(s.url, s.pid, bodies, clients, a.seconds / a.rounds, a.warmup))
+            level = result["levels"][str(clients)] = {b: summary(v, clients) for b, v in slices.items()}
+            for b, m in level.items():
                 print(
-                    f"{backend:12s} {clients:3d} clients: {m['rps']:.1f} req/s p50 {m['p50_ms']:.0f} ms",
+                    f"{b:12s} {clients:3d} clients: {m['rps']:.1f} req/s p50 {m['p50_ms']:.0f} ms",
                     file=sys.stderr,
                 )
     result["loadavg_after_run"] = os.getloadavg()
@@ -177,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidate-features", nargs="*", default=list(ITEM_FEATURES))
     p.add_argument("--requests", type=int, default=500, help="distinct request bodies, sent round robin")
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per level")
-    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each level")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each slice")
+    p.add_argument("--rounds", type=int, default=3, help="slices a level is measured in, per backend")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--batch-timeout-ms", type=float, default=2.0)
     p.add_argument("--out", type=Path, default=Path("bench/out/serve_load.json"))
