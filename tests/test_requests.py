@@ -147,7 +147,14 @@ BAD = [
     (_bad("candidates.1.item", -3), "candidates[1].item: expected an integer >= 0 id, got -3"),
     (_bad("candidates.1.item", True), "candidates[1].item: expected an integer >= 0 id, got True"),
     (_bad("candidates.1.item", 2**70), "candidates[1].item: expected an integer >= 0 id"),
-    (_bad("context.activity", ...), "candidates[0].activity: missing; expected a finite number in context"),
+    (
+        _bad("context.activity", ...),
+        "context.activity: missing; expected a finite number, in context or in every",
+    ),
+    (
+        _bad("context.activity", ...) | {"candidates": [{"item": 1, "activity": 2.0}, {"item": 2}]},
+        "candidates[1].activity: missing; expected a finite number",
+    ),
     (_bad("context.activity", float("nan")), "context.activity: expected a finite number, got nan"),
     (_bad("context.activity", float("inf")), "context.activity: expected a finite number, got inf"),
     (_bad("context.activity", "3"), "context.activity: expected a finite number, got '3'"),

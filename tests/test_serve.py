@@ -155,7 +155,7 @@ def _bad_requests(good: dict) -> list[tuple[str, bytes | str, str, int, str]]:
             400,
             "candidates[0].item: expected a string id, got 12",
         ),
-        ("missing feature", edit(context__hour=...), J, 400, "candidates[0].hour: missing"),
+        ("missing feature", edit(context__hour=...), J, 400, "context.hour: missing"),
         ("long history", edit(history=too_long), J, 400, "history: 7 events; the model reads at most 6"),
         (
             "NaN",

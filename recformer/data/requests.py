@@ -185,7 +185,7 @@ class RequestEncoder:
         unknown = sorted(set(request) - set(self._top_keys()))
         if unknown:
             raise RequestError(
-                f"{unknown[0]}: not a field of this model's requests; expected {self._top_keys()}"
+                f"{unknown[0]}: not a field of this model's requests; expected {list(self._top_keys())}"
             )
         candidates = self._candidates(request.get("candidates"))
         context = request.get("context", {})
@@ -245,9 +245,11 @@ class RequestEncoder:
                 continue
             missing = next((i for i, c in enumerate(cands) if name not in c), None)
             if missing is not None:
+                where = (
+                    f"candidates[{missing}].{name}" if any(name in c for c in cands) else f"context.{name}"
+                )
                 raise RequestError(
-                    f"candidates[{missing}].{name}: missing; expected {field.expected()} in context or in "
-                    "every candidate"
+                    f"{where}: missing; expected {field.expected()}, in context or in every candidate"
                 )
             rows[name] = (
                 False,
