@@ -65,6 +65,9 @@ def version() -> str:
         return "unknown (not installed; pip install -e .)"
 
 
+MAINS = {"export": "recformer.export", "serve": "recformer.serve.server"}
+"""Commands that are one module's ``main(argv)``, imported when run (torch, LitServe start slowly)."""
+
 COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export", "serve")
 
 
@@ -93,14 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         from recformer.evaluate import main as evaluate_main
 
         return int(evaluate_main(argv[1:]) or 0)
-    if argv[0] == "export":
-        from recformer.export import main as export_main
-
-        return int(export_main(argv[1:]) or 0)
-    if argv[0] == "serve":
-        from recformer.serve.server import main as serve_main
-
-        return int(serve_main(argv[1:]) or 0)
+    if argv[0] in MAINS:
+        return int(importlib.import_module(MAINS[argv[0]]).main(argv[1:]) or 0)
     if argv[0] == "doctor":
         from recformer.doctor import main as doctor_main
 

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from recformer.batch import FIELDS, Batch, DataError
+from recformer.data.encode import manifest_entry
 
 FORMATS = {"torch-export": "model.pt2", "onnx": "model.onnx"}
 """Each format and its file in the artifact."""
@@ -172,7 +173,6 @@ def export(
     ``split`` of ``data``; the manifest (also written as ``out/manifest.json``)."""
     from recformer.checkpoints import check_features
     from recformer.data.datamodule import RecDataModule
-    from recformer.data.encode import manifest_entry
     from recformer.evaluate import load_module
 
     module = load_module(ckpt)

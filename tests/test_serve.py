@@ -40,9 +40,10 @@ SERVE += ("--chunk-rows", "5")
 
 
 @pytest.fixture(scope="module")
-def artifact(tiny_data, tmp_path_factory) -> tuple[Path, Path, Path]:
+def artifact(tiny_data, tmp_path_factory) -> tuple[Path, Path, Path, Path]:
     """The tiny data with string item ids (``sku``) in its side table, a 3-step model exported with
-    ``--item-ids sku``, and recformer predict's scores of its test rows: (data, artifact, scores)."""
+    ``--item-ids sku``, and recformer predict's scores of its test rows: (data, artifact, scores,
+    checkpoint)."""
     root = tmp_path_factory.mktemp("serve")
     data = root / "data"
     shutil.copytree(tiny_data, data)
@@ -58,12 +59,12 @@ def artifact(tiny_data, tmp_path_factory) -> tuple[Path, Path, Path]:
         ["predict", f"--data.data_dir={data}", "--data.num_workers=0", f"--ckpt_path={ckpt}"]
         + [f"--output={predictions}", "--trainer.enable_progress_bar=false", "--trainer.accelerator=cpu"]
     )
-    return data, out, predictions
+    return data, out, predictions, ckpt
 
 
 @pytest.fixture(scope="module")
 def served(artifact):
-    data, out, _ = artifact
+    data, out, *_ = artifact
     with running_server(out, *SERVE, timeout=120, env=recformer_env()) as served:
         yield served
 
@@ -93,7 +94,7 @@ def test_every_test_row_through_the_server_scores_what_predict_scores(artifact, 
     """Every tiny test row as a raw request (string item ids through the artifact's map, raw dense
     values, event timestamps), 16 in flight: the largest difference from recformer predict is within
     the export's tolerance, and the server scored several requests per batch."""
-    data, out, predictions = artifact
+    data, out, predictions, _ = artifact
     want = parity.predict_scores(predictions, data, "test")
     if backend == "onnx":
         before = _metrics(server)["batches"]
@@ -178,7 +179,7 @@ def _bad_requests(good: dict) -> list[tuple[str, bytes | str, str, int, str]]:
 
 
 def test_each_bad_request_is_one_4xx_line_and_the_good_ones_batched_with_it_are_scored(artifact, server):
-    data, out, _ = artifact
+    data, out, *_ = artifact
     good = _good(data, out)
     solo = asyncio.run(_post_raw(server, json.dumps(good)))
     assert solo[0] == 200
@@ -214,7 +215,7 @@ def test_clients_that_hang_up_mid_batch_harm_no_one(artifact, server):
     """While 12 requests wait in a batch, three clients hang up: one after its whole request (its
     answer has nowhere to go), one mid-body, one mid-headers. The 12 get their scores, the server
     stays healthy and answers the next request."""
-    data, out, _ = artifact
+    data, out, *_ = artifact
     good = json.dumps(_good(data, out)).encode()
     solo = asyncio.run(_post_raw(server, good))
 
@@ -232,7 +233,7 @@ def test_clients_that_hang_up_mid_batch_harm_no_one(artifact, server):
 
 
 def test_metrics_count_requests_latency_and_unknown_ids_where_they_were_given(artifact, server):
-    data, out, _ = artifact
+    data, out, *_ = artifact
     request = _good(data, out)
     request["candidates"] = [{"item": "sku-001"}, {"item": "no-such-sku"}, {"item": "nor-this"}]
     request["history"] = request["history"][:1] + [dict(request["history"][0], item="gone")]
@@ -269,7 +270,7 @@ def test_health_and_info_describe_the_model_and_its_requests(artifact, server):
 
 def test_sigterm_to_the_server_alone_stops_its_workers(artifact):
     """``docker stop`` signals the main process only: it shuts LitServe down, workers included."""
-    _, out, _ = artifact
+    _, out, *_ = artifact
     port = free_port()
     cmd = [sys.executable, "-m", "recformer", "serve", str(out), "--port", str(port), "--threads", "1"]
     proc = subprocess.Popen(cmd, env=recformer_env(), start_new_session=True, stderr=subprocess.DEVNULL)
@@ -314,7 +315,7 @@ def _group_alive(pgid: int) -> bool:
     ],
 )
 def test_a_setting_or_folder_it_cannot_serve_is_one_line(artifact, tmp_path, capsys, args, says):
-    _, out, _ = artifact
+    _, out, *_ = artifact
     if args[-1] == "cuda" and "--backend" not in args:
         ort = pytest.importorskip("onnxruntime")
         if "CUDAExecutionProvider" in ort.get_available_providers():
@@ -326,7 +327,7 @@ def test_a_setting_or_folder_it_cannot_serve_is_one_line(artifact, tmp_path, cap
 
 
 def test_an_artifact_without_the_backends_model_is_refused_by_name(artifact, tmp_path, capsys):
-    _, out, _ = artifact
+    _, out, *_ = artifact
     copy = tmp_path / "onnx-only"
     shutil.copytree(out, copy)
     (copy / "model.pt2").unlink()
@@ -347,3 +348,15 @@ def test_an_idle_server_waits_instead_of_polling(served):
     start = cpu(served.pid)
     time.sleep(3.0)
     assert (cpu(served.pid) - start) / 3.0 < 0.05
+
+
+def test_export_item_ids_are_checked_before_the_export_runs(artifact, tmp_path, capsys):
+    data, _, _, ckpt = artifact
+    base = ["export", "--ckpt", str(ckpt), "--data", str(data)]
+    assert recformer_main([*base, "--out", str(tmp_path / "a"), "--item-ids", "colour"]) == 2
+    err = capsys.readouterr().err
+    assert "--item-ids 'colour': item side table" in err and "has no such column" in err
+    assert not (tmp_path / "a").exists()  # refused before any export work
+    assert recformer_main([*base, "--out", str(tmp_path / "b"), "--item-ids", "cluster"]) == 2
+    err = capsys.readouterr().err
+    assert "--item-ids 'cluster' in" in err and "raw ids are not unique" in err and err.count("\n") == 1
