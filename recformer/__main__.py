@@ -4,6 +4,7 @@
 - ``recformer data movielens|synth|embed-items|summary|vocab|build ...``: dataset preparation.
 - ``recformer evaluate --ckpt ... --data ...``: offline exact metrics.
 - ``recformer doctor RUN_DIR``: reads a run's internal metrics and names its failure.
+- ``recformer serve EXPORT_DIR``: an exported ranker behind an HTTP server (``recformer.serve``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def data_main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
-USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,export} ...
+USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,export,serve} ...
        recformer --version
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
@@ -49,6 +50,7 @@ USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,
   doctor                        read a run's internal metrics and name its failure
   lab                           scaling-lab grids of runs: list, run GRID, report DIR
   export                        a checkpoint as a torch.export / ONNX artifact for serving
+  serve                         an exported ranker behind an HTTP server: raw features in, scores out
 """
 
 
@@ -63,7 +65,10 @@ def version() -> str:
         return "unknown (not installed; pip install -e .)"
 
 
-COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export")
+MAINS = {"export": "recformer.export", "serve": "recformer.serve.server"}
+"""Commands that are one module's ``main(argv)``, imported when run (torch, LitServe start slowly)."""
+
+COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         from recformer.evaluate import main as evaluate_main
 
         return int(evaluate_main(argv[1:]) or 0)
-    if argv[0] == "export":
-        from recformer.export import main as export_main
-
-        return int(export_main(argv[1:]) or 0)
+    if argv[0] in MAINS:
+        return int(importlib.import_module(MAINS[argv[0]]).main(argv[1:]) or 0)
     if argv[0] == "doctor":
         from recformer.doctor import main as doctor_main
 

@@ -14,11 +14,13 @@ The artifact folder holds:
   are in: an id is its vocabulary row + 1 (row 0 is the shared OOV / padding row), dense features
   are normalised with the spec's train statistics, the history left-padded to ``L`` events;
 - ``manifest.json``: the inputs (name, dtype, shape), the spec's columns, the model config, the
-  checkpoint's SHA-256, the versions that made it, and the parity of each format against the
-  checkpoint on ``--split`` of ``--data`` (largest absolute score difference, over every row).
+  checkpoint's SHA-256, the versions that made it, the parity of each format against the
+  checkpoint on ``--split`` of ``--data`` (largest absolute score difference, over every row), and
+  the encoder's constants and formulas (``encoder``, the time-gap unit among them);
+- ``encodings/item_ids.parquet`` with ``--item-ids COLUMN``: each item id's raw id.
 
-The graphs take encoded inputs, as the loader makes them (``recformer.data``); turning raw ids
-into rows with the shipped vocabularies is the serving side's step (a dictionary lookup).
+The graphs take encoded inputs, as the loader makes them (``recformer.data``); ``recformer serve``
+takes raw requests and encodes them with the loader's own encoder, from this folder alone.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from recformer.batch import FIELDS, Batch, DataError
+from recformer.data.encode import manifest_entry
 
 FORMATS = {"torch-export": "model.pt2", "onnx": "model.onnx"}
 """Each format and its file in the artifact."""
@@ -196,6 +199,7 @@ def export(
         "checkpoint": {"file": str(ckpt), "sha256": sha256(ckpt)},
         "encodings": "encodings/ (spec.yaml, vocab/): ids as vocabulary row + 1 (0 = OOV), dense normalised",
         "versions": {"torch": torch.__version__, "recformer": _version()},
+        "encoder": manifest_entry(None),  # its constants (the time-gap unit), read by recformer serve
     }
     with torch.no_grad():
         reference = [scorer(*inputs_of(b)).numpy() for b in batches]
@@ -238,6 +242,24 @@ def export(
     return manifest
 
 
+def item_ids_of(data: Path, column: str) -> Any:
+    """The raw item id of each item id, from ``column`` of ``data``'s item side table (checked)."""
+    from recformer.config import FeatureSpec
+    from recformer.data.encode import item_raw_ids
+
+    return item_raw_ids(FeatureSpec.load(data / "spec.yaml"), column)
+
+
+def add_item_ids(out: Path, raw_items: Any, manifest: dict[str, Any]) -> None:
+    """Write the item raw-id map into the artifact (``encodings/item_ids.parquet``) and name it in
+    its manifest: what ``recformer serve`` maps request item ids through."""
+    from recformer.data.encode import ITEM_IDS, manifest_entry, write_item_ids
+
+    write_item_ids(raw_items, out / "encodings" / ITEM_IDS)
+    manifest["encoder"] = manifest_entry(ITEM_IDS)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+
+
 def _version() -> str:
     from recformer.__main__ import version
 
@@ -257,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", nargs="+", default=["torch-export", "onnx"], choices=list(FORMATS))
     p.add_argument("--split", default="test", help="split of --data the export is checked on (default: test)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing artifact folder")
+    p.add_argument(
+        "--item-ids",
+        metavar="COLUMN",
+        help="column of the item side table holding the raw item ids requests carry, when the logs' "
+        "item ids are not those (MovieLens: movie_id); recformer serve maps request items through it",
+    )
     a = p.parse_args(argv)
     if a.out.exists() and any(a.out.iterdir()) and not a.overwrite:
         print(
@@ -271,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
+        raw_items = item_ids_of(a.data, a.item_ids) if a.item_ids else None  # checked before the export
         manifest = export(a.ckpt, a.data, a.out, a.format, a.split)
+        if raw_items is not None:
+            add_item_ids(a.out, raw_items, manifest)
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"recformer export: {e}", file=sys.stderr)
         return 2

@@ -1,13 +1,15 @@
 """Vectorised decoding of Arrow record batches, and the compiled cutting of batches from them.
 
-Each row group is decoded once (``Decoded``): the per-row fields into one record per row (ids
-mapped to table rows, dense features normalised, OOV flags), every value checked, and the history
-list columns left ragged as zero-copy views of the Arrow buffers. A window (``Window``: slices of one
-or more row groups) cuts batches with a (shuffled) row order through compiled kernels (``kernels``)
+Each row group is decoded once (``Decoded``): the per-row fields into one record per row (the
+model's inputs encoded by ``recformer.data.encode.Encoder``: ids mapped to table rows, dense
+features normalised, OOV flags; and the training columns: label, weight, group, keys), every value
+checked, and the history left ragged (``encode.History``). A window (``Window``: slices of one or
+more row groups) cuts batches with a (shuffled) row order through compiled kernels (``kernels``)
 into the *transit* form a worker ships (``BatchLayout.transit``): whole records, and each row's
 newest ``max_len`` events id-mapped and gap-bucketed but still ragged. ``BatchLayout.to_batch``
 turns that into the padded ``Batch`` in the training process, as it takes the batch out of the
-worker's slot. No per-row Python anywhere.
+worker's slot. No per-row Python anywhere. The server cuts its batches the same way
+(``recformer.data.requests``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import pyarrow.parquet as pq
 import torch
 
 from recformer.batch import FIELDS, Batch, BatchField, DataError
-from recformer.config import CategoricalField, FeatureSpec
+from recformer.config import FeatureSpec
 from recformer.data import kernels
+from recformer.data.encode import GAP_UNIT_S, Encoder, History
 from recformer.data.packed import PackedBatch, numpy_dtype
 from recformer.data.schema import (
     Where,
@@ -37,48 +40,18 @@ from recformer.data.schema import (
     check_nonneg_ids,
     check_side_table_schema,
     key_values,
-    list_offsets,
     numeric,
 )
-from recformer.data.vocab import field_vocab, item_vocab, lookup
+from recformer.data.vocab import lookup
 
 log = logging.getLogger(__name__)
-
-# Time gaps: bucket b >= 1 holds gaps with floor(log2(1 + gap / 60 s)) == b - 1 (clipped), i.e.
-# roughly "within 2**(b-1) minutes"; bucket 0 is padding.
-_GAP_UNIT_S = 60.0
-
-
-@dataclass
-class History:
-    """A window's history, still ragged as the Arrow list columns hold it: row ``i``'s events are
-    positions ``off[i]:off[i + 1]`` of every value array (aligned lists share offsets). Values are
-    table rows already (one sequential pass per column at decode, ``kernels.map_ids`` /
-    ``map_gaps``, which also checks them), in the narrowest dtype that holds them:
-    ``kernels.gather_events`` then only copies each batch's rows. Slicing rows shares the arrays.
-
-    Mapping at decode rather than per batch: the batch kernel reads 4 bytes per event instead of 9
-    (int32 id, int8 action, float32 gap) and does no arithmetic, and a window takes half the
-    memory, which matters when several workers share one L3 cache."""
-
-    off: np.ndarray  # int64 [S + 1]
-    items: np.ndarray  # [N] item rows (layout.item_dtype); 0 = OOV
-    cats: np.ndarray  # [C, N] event-categorical rows (field-major, layout.cat_dtype); 0 = OOV
-    gaps: np.ndarray  # [N] time-gap bucket rows (uint8), or [0] without a time-gap column
-
-    def slice(self, lo: int, hi: int) -> History:
-        return History(self.off[lo : hi + 1], self.items, self.cats, self.gaps)
-
 
 # The narrowest of these that holds every row of a history id field carries it through decoding
 # and transit, and the Batch keeps it (``Batch.to`` widens every id field to int64 on the device):
 # padded to ``max_len`` the history is most of a batch's bytes, so its width is what the training
 # process writes and what crosses to the GPU.
 _TORCH_INT = {np.int8: torch.int8, np.int16: torch.int16, np.int32: torch.int32}
-
-
-def _narrowest(top_row: int, dtypes=tuple(_TORCH_INT)) -> type:
-    return next(t for t in dtypes if top_row <= np.iinfo(t).max)
+"""Torch dtypes of ``encode.INT_DTYPES`` (``Encoder.item_dtype`` / ``cat_dtype``)."""
 
 
 ROW_FIELDS = tuple(f for f in FIELDS if f.role == "row")
@@ -372,25 +345,14 @@ def stable_hash(values: list[str]) -> np.ndarray:
     return out
 
 
-class Decoder:
-    """Decodes Arrow tables that follow ``spec`` (schema already checked by ``check_schema``)."""
+class Decoder(Encoder):
+    """Decodes Arrow tables that follow ``spec`` (schema already checked by ``check_schema``): the
+    encoded features (``Encoder``) and the training columns (label, weight, group, keys), packed
+    into one record per row (``Decoded``)."""
 
-    def __init__(self, spec: FeatureSpec):
-        self.spec = spec
-        self.max_len = spec.sequence.max_len if spec.sequence else 0
-        events = spec.sequence.categorical if spec.sequence else []
-        # Raw values to ids, by column: the string and file vocabularies (``data/vocab.py``).
-        fields = [*spec.categorical, *events, *spec.item.features, *spec.bags]
-        self._vocab = {f.name: v for f in fields if (v := field_vocab(spec, f)) is not None}
-        items = item_vocab(spec)
-        if items is not None:
-            self._vocab.update({c: items for c in (spec.item.column, spec.item.side_id_column)})
-            if spec.sequence is not None:
-                self._vocab[spec.sequence.item_column] = items
+    def __init__(self, spec: FeatureSpec, item_ids: pa.Array | None = None, gap_unit_s: float = GAP_UNIT_S):
+        super().__init__(spec, item_ids, gap_unit_s)
         seq = spec.sequence
-        item_limit = spec.item.vocab_size + spec.item.cold_items  # side rows: cold items have theirs
-        cats = seq.categorical if seq else []
-        top_row = max((f.rows for f in cats), default=0)
         self.layout = BatchLayout(
             n_cat=len(spec.categorical),
             n_dense=len(spec.dense),
@@ -398,77 +360,14 @@ class Decoder:
             n_keys=len(spec.keys),
             has_history=seq is not None,
             max_len=self.max_len,
-            item_limit=item_limit,
-            cat_limits=tuple(f.vocab_size for f in cats),
-            cat_dtype=_narrowest(top_row),
-            item_dtype=_narrowest(item_limit, (np.int16, np.int32)),
-            gap_buckets=seq.time_gap_buckets if seq and seq.time_gap_column else 0,
+            item_limit=self.item_limit,
+            cat_limits=tuple(f.vocab_size for f in seq.categorical) if seq else (),
+            cat_dtype=self.cat_dtype,
+            item_dtype=self.item_dtype,
+            gap_buckets=self.gap_buckets,
             bag_values=tuple(f.max_values for f in spec.bags),
         )
 
-    def oov_fields(self) -> list[str]:
-        """Names of the id fields whose unknown ids are counted, in ``Decoded.oov`` column order."""
-        names = [self.spec.item.column] + [f.name for f in self.spec.categorical]
-        names += [f.name for f in self.spec.bags]
-        if self.spec.sequence:
-            names += [self.spec.sequence.item_column] + [f.name for f in self.spec.sequence.categorical]
-        return names
-
-    # -- fields --------------------------------------------------------------------------------
-    def _cat_rows(self, arr: pa.Array, f: CategoricalField, where: Where) -> tuple[np.ndarray, np.ndarray]:
-        """Table rows (int32) and an OOV flag per value; nulls count as OOV."""
-        if pa.types.is_dictionary(arr.type):
-            arr = arr.dictionary_decode()
-        valid = None
-        if f.name not in self._vocab and arr.null_count:  # a vocabulary lookup maps nulls to OOV itself
-            valid = arr.is_valid().to_numpy(zero_copy_only=False)
-            arr = pc.fill_null(arr, 0)
-        ids = self._raw_ids(arr, f.name, where, f)
-        rows = self._rows(ids, f.vocab_size, np.empty(len(ids), np.int32), where, f.name)
-        if valid is not None:
-            rows[~valid] = 0
-        return rows, rows == 0
-
-    def value_rows(
-        self, arr: pa.Array, f: CategoricalField, where: Where
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """A list column of ids (a bag, a multi-valued item feature) as its first ``f.max_values``
-        table rows per row, -1 where a row has fewer: int32 [n, max_values]; each row's unknown
-        ids (mapped to the OOV row, counted); and how many values past ``max_values`` were left
-        out. A null list is a row without values."""
-        if pa.types.is_large_list(arr.type):
-            arr = arr.cast(pa.list_(arr.type.value_type))
-        if arr.null_count:
-            arr = pc.if_else(arr.is_null(), pa.scalar([], arr.type), arr)
-        off = list_offsets(arr, where, f.name)
-        rows, unknown = self._cat_rows(arr.values.slice(int(off[0]), int(off[-1] - off[0])), f, where)
-        M, lens = f.max_values, np.diff(off)
-        kept = np.minimum(lens, M)
-        at_M = np.arange(M)
-        idx = (off[:-1] - off[0])[:, None] + at_M[None, :]
-        mask = at_M[None, :] < kept[:, None]
-        safe = np.minimum(idx, max(len(rows) - 1, 0))
-        out = np.where(mask, rows[safe] if len(rows) else 0, -1).astype(np.int32)
-        n_unknown = np.where(mask, unknown[safe] if len(rows) else False, False).sum(axis=1).astype(np.int32)
-        return out, n_unknown, int((lens - kept).sum())
-
-    def _item_rows(self, arr: pa.Array, col: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
-        """Item rows (int32: side-table rows, which cold items have too) and an unknown flag per value."""
-        if arr.null_count:
-            raise DataError(f"{where}: item id column {col!r} has {arr.null_count} null(s)")
-        ids = self._raw_ids(arr, col, where)
-        rows = self._rows(ids, self.layout.item_limit, np.empty(len(ids), np.int32), where, col)
-        return rows, rows == 0
-
-    @staticmethod
-    def _rows(ids: np.ndarray, limit: int, out: np.ndarray, where: Where, name: str) -> np.ndarray:
-        """``out`` = table rows of ids (``kernels.map_ids``: ``id + 1``, OOV row 0 from ``limit``
-        on), in ``out``'s dtype; negative ids are rejected, naming the column."""
-        if kernels.map_ids(ids, limit, out) < 0:
-            check_nonneg_ids(ids, where, name)  # raises
-        return out
-
-    # -- whole table ---------------------------------------------------------------------------
     def decode(self, table: pa.Table | pa.RecordBatch, where: Where, first_row: int = 0) -> Decoded:
         """The rows of ``table`` (a row group, or part of one), checked; ``first_row``: its first
         row's position in the split (the code of a string key)."""
@@ -477,40 +376,29 @@ class Decoder:
             col = lambda name: table.column(name).chunk(0) if table.num_rows else pa.array([])
         else:
             col = table.column
-        n = table.num_rows
-        values, truncated = self._row_values(col, n, where, first_row)  # rows checked before the history
-        hist = self._sequence(col, n, where)
-        return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout, truncated=truncated)
-
-    def _row_values(
-        self, col: Callable[[str], pa.Array], n: int, where: Where, first_row: int
-    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The record's fields (``ROW_FIELDS`` and ``row_oov``), each checked, by name; and per bag
-        field the values past its ``max_values`` that were left out."""
-        spec = self.spec
+        n, spec = table.num_rows, self.spec
         label = numeric(col(spec.label), where, spec.label)
         check_label(label, where, spec.label)
         values = {"label": label, "weight": self._weight(col, n, where)}
         values["group"] = self._group(col(spec.group), where) if spec.group else np.full(n, -1, np.int64)
-        target, oov = self._item_rows(col(spec.item.column), spec.item.column, where)
-        oov_cols = [oov]
-        cat = np.zeros((n, len(spec.categorical)), np.int32)
-        for j, f in enumerate(spec.categorical):
-            cat[:, j], oov = self._cat_rows(col(f.name), f, where)
-            oov_cols.append(oov)
-        bags = [self.value_rows(col(f.name), f, where) for f in spec.bags]
-        oov_cols += [unknown for _, unknown, _ in bags]
-        values["bag"] = (
-            np.concatenate([b for b, _, _ in bags], axis=1) if bags else np.zeros((n, 0), np.int32)
-        )
-        values.update(target_item=target, cat=cat, dense=self._dense(col, n, where))
-        embs = [self._fixed_vectors(col(f.name), f.dim, f.name, where) for f in spec.embedding]
-        values["emb"] = np.concatenate(embs, axis=1) if embs else np.zeros((n, 0), np.float32)
+        features, truncated = self.row_features(col, n, where)
+        values |= features
         values["keys"] = np.zeros((n, len(spec.keys)), np.int64)
         for j, k in enumerate(spec.keys):
             values["keys"][:, j] = key_values(col(k), where, k, first_row)
-        values["row_oov"] = np.stack(oov_cols, axis=1) if n else np.zeros((0, len(oov_cols)), np.int32)
-        return values, np.array([cut for _, _, cut in bags], np.int64)
+        hist = self.sequence(col, n, where)  # rows checked before the history
+        return self.pack(values, hist, truncated)
+
+    def pack(self, values: dict[str, np.ndarray], hist: History | None, truncated=None) -> Decoded:
+        """Rows of encoded ``values`` (every field of ``BatchLayout.record``) and their history."""
+        n = len(values["row_oov"])
+        return Decoded(rows=self._records(values, n), hist=hist, layout=self.layout, truncated=truncated)
+
+    def unlabelled(self, n: int) -> dict[str, np.ndarray]:
+        """The training columns of ``n`` rows to score (a server's): label 0, weight 1, no group, key 0.
+        The model reads none of them."""
+        keys = np.zeros((n, len(self.spec.keys)), np.int64)
+        return {"label": np.zeros(n), "weight": np.ones(n), "group": np.full(n, -1, np.int64), "keys": keys}
 
     def _weight(self, col: Callable[[str], pa.Array], n: int, where: Where) -> np.ndarray:
         w = self.spec.weight
@@ -521,16 +409,6 @@ class Decoder:
         if len(weight) and weight.min() < 0:
             raise DataError(f"{where}: weight column {w!r} has negative values; expected >= 0")
         return cast_finite(weight, np.float32, where, w)
-
-    def _dense(self, col: Callable[[str], pa.Array], n: int, where: Where) -> np.ndarray:
-        dense = np.zeros((n, len(self.spec.dense)), np.float32)
-        for j, f in enumerate(self.spec.dense):
-            x = numeric(col(f.name), where, f.name)
-            check_finite(x, where, f.name)
-            if f.log1p:
-                x = np.sign(x) * np.log1p(np.abs(x))
-            dense[:, j] = cast_finite((x - f.mean) / f.std, np.float32, where, f.name, " after normalisation")
-        return dense
 
     def _records(self, values: dict[str, np.ndarray], n: int) -> np.ndarray:
         """One record per row (``BatchLayout.record``) holding ``values``."""
@@ -555,100 +433,6 @@ class Decoder:
         uniq = pc.unique(arr)
         hashes = stable_hash(uniq.to_pylist())
         return hashes[pc.index_in(arr, value_set=uniq).to_numpy(zero_copy_only=False)]
-
-    def _fixed_vectors(self, arr: pa.Array, dim: int, name: str, where: Where) -> np.ndarray:
-        off = list_offsets(arr, where, name)
-        lens = np.diff(off)
-        if len(lens) and (lens != dim).any():
-            i = int(np.flatnonzero(lens != dim)[0])
-            raise DataError(
-                f"{where}: column {name!r} row {i} has {lens[i]} values; "
-                f"the spec says dim={dim} for every row"
-            )
-        inner = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
-        if inner.null_count:
-            raise DataError(f"{where}: column {name!r} holds {inner.null_count} null element(s)")
-        vals = inner.to_numpy(zero_copy_only=False).reshape(len(arr), dim)
-        check_finite(vals, where, name)
-        return cast_finite(vals, np.float32, where, name)
-
-    def _sequence(self, col, n: int, where: Where) -> History | None:
-        """The history columns, checked and still ragged, as table rows (see ``History``)."""
-        s = self.spec.sequence
-        if s is None:
-            return None
-        items = col(s.item_column)
-        off = list_offsets(items, where, s.item_column)
-        lens = np.diff(off)
-        # Aligned list columns must agree row by row (DESIGN section 3).
-        aligned = [f.name for f in s.categorical] + ([s.time_gap_column] if s.time_gap_column else [])
-        offsets = {}
-        for name in aligned:
-            o = list_offsets(col(name), where, name)
-            other = np.diff(o)
-            if (other != lens).any():
-                i = int(np.flatnonzero(other != lens)[0])
-                raise DataError(
-                    f"{where}: aligned list columns {s.item_column!r} and {name!r} differ in length in "
-                    f"{int((other != lens).sum())} row(s) (first at batch row {i}: {lens[i]} vs {other[i]})"
-                )
-            offsets[name] = o
-
-        def flat(name: str, o: np.ndarray) -> pa.Array:
-            # The values of this slice of rows only; offsets are re-based to start at 0.
-            vals = col(name).values.slice(o[0], o[-1] - o[0]) if n else pa.array([], pa.int64())
-            if vals.null_count:
-                raise DataError(f"{where}: list column {name!r} holds {vals.null_count} null element(s)")
-            return vals.dictionary_decode() if pa.types.is_dictionary(vals.type) else vals
-
-        n_events = int(off[-1] - off[0])
-        lay = self.layout
-        cats = np.empty((len(s.categorical), n_events), lay.cat_dtype)
-        for j, f in enumerate(s.categorical):
-            ids = self._raw_ids(flat(f.name, offsets[f.name]), f.name, where, f)
-            self._rows(ids, f.vocab_size, cats[j], where, f.name)
-        gaps = np.zeros(0, np.uint8)
-        if s.time_gap_column:
-            o = offsets[s.time_gap_column]
-            gaps = self._gap_rows(flat(s.time_gap_column, o), o - o[0], where)
-        ids = self._raw_ids(flat(s.item_column, off), s.item_column, where)
-        items = self._rows(ids, lay.item_limit, np.empty(n_events, lay.item_dtype), where, s.item_column)
-        return History(off - off[0], items, cats, gaps)
-
-    def _raw_ids(
-        self, arr: pa.Array, name: str, where: Where, f: CategoricalField | None = None
-    ) -> np.ndarray:
-        """Ids of an array (not yet checked: ``kernels.map_ids`` does, as it maps them); the values of
-        a column with a vocabulary (a list, or a file) become their index in it, unknown values and
-        nulls its length (``map_ids``' OOV test is ``id >= limit``); other arrays must be null-free."""
-        vocab = self._vocab.get(name)
-        if vocab is not None:
-            idx = lookup(arr, vocab, name, where)
-            return pc.fill_null(idx, len(vocab)).to_numpy(zero_copy_only=False)
-        if pa.types.is_integer(arr.type):
-            ids = arr.to_numpy(zero_copy_only=False)  # zero-copy view of the Arrow buffer
-        else:
-            ids = numeric(arr, where, name, np.int64)
-        return ids
-
-    def _gap_rows(self, arr: pa.Array, off: np.ndarray, where: Where) -> np.ndarray:
-        """Time-gap bucket rows (uint8) of gaps in seconds, checked finite and >= 0 in the same
-        compiled pass."""
-        name = self.spec.sequence.time_gap_column
-        gaps = arr.to_numpy(zero_copy_only=False)
-        if gaps.dtype == np.float16 or gaps.dtype.kind not in "iuf":  # the kernel takes int / f32 / f64
-            gaps = gaps.astype(np.float32 if gaps.dtype == np.float16 else np.float64)
-        rows = np.empty(len(gaps), np.uint8)
-        nonfinite, negative = kernels.map_gaps(gaps, _GAP_UNIT_S, self.layout.gap_buckets, rows)
-        if nonfinite:
-            bad = np.searchsorted(off, np.flatnonzero(~np.isfinite(gaps)), side="right") - 1
-            raise DataError(
-                f"{where}: column {name!r} has NaN or Inf in {len(np.unique(bad))} row(s) (first at batch "
-                f"row {bad[0]}); expected finite values"
-            )
-        if negative:
-            raise DataError(f"{where}: column {name!r} has negative time gaps; expected seconds >= 0")
-        return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -681,7 +465,7 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
     dec = Decoder(spec)
     ids, table = _side_ids(spec, table.combine_chunks(), where, dec)
     if it.content_column:
-        vecs = dec._fixed_vectors(
+        vecs = dec.fixed_vectors(
             table.column(it.content_column).chunk(0), it.content_dim, it.content_column, where
         )
         # The table is float16: a value past 65504 would become Inf in every batch that uses it.
@@ -692,7 +476,7 @@ def load_item_tables(spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, int
     for f in it.features:
         column = table.column(f.name).chunk(0)
         if f.max_values == 1:
-            r = dec._cat_rows(column, f, where)[0][:, None]
+            r = dec.cat_rows(column, f, where)[0][:, None]
         else:
             r, _, cut = dec.value_rows(column, f, where)
             if cut:
@@ -709,8 +493,8 @@ def _side_ids(spec: FeatureSpec, table: pa.Table, where: Where, dec: Decoder) ->
     rows of items it does not know are left out, and said)."""
     it = spec.item
     column = table.column(it.side_id_column).chunk(0)
-    if it.side_id_column in dec._vocab:
-        idx = lookup(column, dec._vocab[it.side_id_column], it.side_id_column, where)
+    if it.side_id_column in dec.vocabs:
+        idx = lookup(column, dec.vocabs[it.side_id_column], it.side_id_column, where)
         known = idx.is_valid()
         if not pc.all(known).as_py():
             log.info(

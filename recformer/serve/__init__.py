@@ -1,0 +1,1 @@
+"""``recformer serve EXPORT_DIR``: an exported ranker behind an HTTP server (LitServe)."""
