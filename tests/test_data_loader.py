@@ -329,6 +329,31 @@ def test_grouped_permutation_keeps_each_groups_rows_in_chunks_of_k(k):
         assert runs > len(set(groups.tolist()))
 
 
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_grouped_permutation_in_log_order_cuts_each_groups_consecutive_rows(k):
+    """With positions, a chunk is k rows adjacent in the log, in log order, cut at a random phase
+    per group (the function's first draw), each chunk consecutive in the output."""
+    rng = np.random.default_rng(0)
+    groups = rng.integers(0, 5, size=300)
+    position = rng.permutation(300) * 7  # any order of the rows in the log
+    perm = rng.permutation(300)
+    sizes = set()
+    for seed in range(4):
+        out = dataset.grouped_permutation(perm, groups, k, np.random.default_rng(seed), position)
+        assert sorted(out.tolist()) == list(range(300))  # every row once
+        where = {r: i for i, r in enumerate(out.tolist())}
+        phase = np.random.default_rng(seed).integers(0, k, 5)  # groups in sorted order: 0..4
+        for grp in range(5):
+            in_log = sorted((r for r in range(300) if groups[r] == grp), key=lambda r: position[r])
+            chunk = [(i + phase[grp]) // k for i in range(len(in_log))]
+            for c in set(chunk):
+                rows = [r for r, ci in zip(in_log, chunk) if ci == c]
+                at = [where[r] for r in rows]
+                assert at == list(range(at[0], at[0] + len(rows))), (seed, grp, c)
+            sizes.add(chunk.count(0))
+    assert k == 1 or len(sizes) > 1  # the first chunk's size moves with the phase
+
+
 def test_group_rows_gives_batches_of_same_user_runs_and_every_row_once(tiny_data):
     def rows_and_users(group_rows):
         dm = RecDataModule(

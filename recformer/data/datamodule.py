@@ -166,6 +166,7 @@ class RecDataLoader(DataLoader):
             "shuffle": int(s.shuffle),
             "drop_last": int(s.drop_last),
             "group_rows": s.group_rows,
+            "group_order": int(s.group_order == "log"),
             "groups": zlib.crc32(groups.encode()),
         }
 
@@ -191,8 +192,8 @@ class RecDataLoader(DataLoader):
             raise ValueError(
                 "cannot resume the training stream exactly: these settings differ from the checkpoint's "
                 f"(checkpoint, now): {diff}. Resume with the same data files, batch_size, num_workers, "
-                "seed, shuffle, shuffle_window, group_rows, drop_last and number of devices, or start a "
-                "new run."
+                "seed, shuffle, shuffle_window, group_rows, group_order, drop_last and number of devices, "
+                "or start a new run."
             )
         self._pending = {
             "epoch": int(state["epoch"]),
@@ -215,6 +216,7 @@ class RecDataModule(pl.LightningDataModule):
         shuffle_window: int = 32768,
         drop_last: bool = False,
         group_rows: int = 0,
+        group_order: Literal["shuffled", "log"] = "shuffled",
         seed: int | None = None,
         validate: Literal["full", "footer"] = "full",
         predict_split: str = "test",
@@ -236,6 +238,9 @@ class RecDataModule(pl.LightningDataModule):
             group_rows: Keep each group's (the spec's ``group``, e.g. the user's) shuffled training
                 rows together in chunks of up to this many, so a batch holds same-user pairs for
                 a within-user loss (``model.pairwise``); 0 (the default): rows shuffled on their own.
+            group_order: Which of a group's rows share a chunk: any of them ("shuffled"), or rows
+                adjacent in the log ("log": a user's consecutive impressions in a log written in
+                time order, the rows GAUC orders on a temporal split).
             seed: Seed of the shuffle; None (the default) = the run's ``seed_everything``, so one
                 seed makes a run (data order included).
             validate: "full" decodes every row at set-up to check values; "footer" checks schemas and
@@ -256,6 +261,7 @@ class RecDataModule(pl.LightningDataModule):
         self.num_workers, self.prefetch_factor, self.drop_last = num_workers, prefetch_factor, drop_last
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.shuffle, self.shuffle_window, self.group_rows = shuffle, shuffle_window, group_rows
+        self.group_order = group_order
         self.seed = seed if seed is not None else global_seed()
         self.validate, self.predict_split, self.verify_checksums = validate, predict_split, verify_checksums
         self.splits: dict[str, SplitIndex] = {}
@@ -440,6 +446,7 @@ class RecDataModule(pl.LightningDataModule):
             window=self.shuffle_window,
             drop_last=self.drop_last,
             group_rows=self.group_rows,
+            group_order=self.group_order,
             plan=StreamPlan(rank=rank, world=world, num_workers=max(1, self.num_workers)),
             verify_checksums=self.verify_checksums,
         )

@@ -15,6 +15,7 @@ import errno
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -98,24 +99,54 @@ class StreamPlan:
     """DataLoader workers the stream is split over (0 counts as 1)."""
 
 
-def grouped_permutation(perm: np.ndarray, groups: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+def grouped_permutation(
+    perm: np.ndarray,
+    groups: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    position: np.ndarray | None = None,
+) -> np.ndarray:
     """``perm`` (a permutation of window rows) reordered so that each group's rows come in chunks
     of up to ``k`` consecutive rows, the chunks in random order: a batch of B rows then holds about
     B / k groups with up to k rows each, the pairs a within-group loss learns from. On MovieLens
     train a 256-row batch holds about 174 same-user pairs with different labels shuffled row by row
     (a window spans a stretch of the time-ordered log, where few users are active), 548 with k = 8
     and 918 with k = 16. Which rows share a chunk follows ``perm``'s order, so it changes every
-    epoch; every row stays exactly once."""
+    epoch; every row stays exactly once.
+
+    With ``position`` (each window row's place in the log), a chunk holds rows adjacent in the log
+    instead: each group's rows in log order, cut into chunks of k at a random phase per group and
+    epoch. In a log written as events come that is a user's k consecutive impressions, the rows
+    GAUC orders on a temporal split, where the user's level hardly moves and the order is the
+    items' own; rows far apart in time also differ by the user's drift, which a within-user loss
+    would then learn as order."""
     g = groups[perm]
-    by_group = np.argsort(g, kind="stable")  # positions in perm, grouped, perm order within a group
+    # positions in perm, grouped; within a group in perm order, or in log order with ``position``
+    by_group = np.argsort(g, kind="stable") if position is None else np.lexsort((position[perm], g))
     sg = g[by_group]
     new_group = np.r_[True, sg[1:] != sg[:-1]]
     starts = np.flatnonzero(new_group)
     rank = np.arange(len(sg)) - np.repeat(starts, np.diff(np.r_[starts, len(sg)]))
+    if position is not None:  # a random phase per group, so chunk edges move between epochs
+        rank = rank + np.repeat(rng.integers(0, k, len(starts)), np.diff(np.r_[starts, len(sg)]))
     chunk = rank // k
     chunk_id = np.cumsum(new_group | np.r_[True, chunk[1:] != chunk[:-1]]) - 1
     key = rng.random(int(chunk_id[-1]) + 1 if len(chunk_id) else 0)[chunk_id]
     return perm[by_group[np.lexsort((rank, key))]]
+
+
+def log_positions(index: SplitIndex, pieces: list[Piece]) -> np.ndarray:
+    """Each row of a window read from ``pieces``: its place in the split's log (files in the
+    index's order, then row groups, then rows), int64."""
+    first = {}  # (file, row group) -> the log position of its first row
+    at = 0
+    for g in index.groups:
+        first[(g.file, g.index)] = at
+        at += g.rows
+    return np.concatenate(
+        [first[(p.group.file, p.group.index)] + np.arange(p.start, p.stop) for p in pieces]
+        or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
 
 
 @dataclass
@@ -133,6 +164,9 @@ class ParquetStream(IterableDataset):
     group_rows: int = 0
     """Shuffled training rows of one group (the spec's ``group``, e.g. the user) kept together in
     chunks of up to this many (``grouped_permutation``); 0: every row shuffled on its own."""
+    group_order: Literal["shuffled", "log"] = "shuffled"
+    """Which of a group's rows share a chunk: any (``shuffled``), or rows adjacent in the log
+    (``log``: the files' order, row groups' order, rows' order)."""
     plan: StreamPlan = field(default_factory=StreamPlan)
     verify_checksums: bool = True
     """Verify the CRC-32 of every data page that has one (``schema.CHECKSUMS``)."""
@@ -143,6 +177,8 @@ class ParquetStream(IterableDataset):
             raise ValueError(f"batch_size={self.batch_size} must be > 0")
         if self.group_rows < 0:
             raise ValueError(f"group_rows={self.group_rows} must be >= 0 (0 = rows shuffled on their own)")
+        if self.group_order not in ("shuffled", "log"):
+            raise ValueError(f"group_order={self.group_order!r}; expected 'shuffled' or 'log'")
         if self.group_rows and self.spec.group is None:
             raise ValueError(
                 f"group_rows={self.group_rows} keeps a group's rows together, but the feature spec "
@@ -218,13 +254,15 @@ class ParquetStream(IterableDataset):
         for j in range(first_window, -(-n_rows // self.window)):
             w_lo = start + j * self.window
             w_hi = min(w_lo + self.window, stop)
-            data = self._read(pieces_for(order, w_lo, w_hi))
+            pieces = pieces_for(order, w_lo, w_hi)
+            data = self._read(pieces)
             perm = None
             if self.shuffle and self.train:
                 rng = np.random.default_rng([self.seed, self.plan.epoch, self.plan.rank, logical, j])
                 perm = rng.permutation(len(data))
                 if self.group_rows:
-                    perm = grouped_permutation(perm, data.field("group"), self.group_rows, rng)
+                    at = log_positions(self.index, pieces) if self.group_order == "log" else None
+                    perm = grouped_permutation(perm, data.field("group"), self.group_rows, rng, at)
             k0 = (skip * B - j * self.window) if j == first_window else 0
             for k in range(k0, len(data), B):
                 if self.drop_last and self.train and k + B > len(data):
