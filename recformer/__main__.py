@@ -1,7 +1,7 @@
 """The ``recformer`` command.
 
 - ``recformer fit|validate|test|predict ...``: LightningCLI (``recformer.cli``).
-- ``recformer data movielens|synth|embed-items|summary|vocab|build ...``: dataset preparation.
+- ``recformer data movielens|synth|embed-items|summary|vocab|build|checksum ...``: dataset preparation.
 - ``recformer evaluate --ckpt ... --data ...``: offline exact metrics.
 - ``recformer doctor RUN_DIR``: reads a run's internal metrics and names its failure.
 """
@@ -24,6 +24,7 @@ DATA_COMMANDS = {
     "summary": "recformer.datasets.summary",
     "vocab": "recformer.datasets.vocab",
     "build": "recformer.datasets.build",
+    "checksum": "recformer.datasets.checksum",
 }
 
 
@@ -44,7 +45,8 @@ USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,
        recformer --version
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
-  data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab, build
+  data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab, build,
+                                checksum
   evaluate                      offline exact metrics of a checkpoint on a split
   doctor                        read a run's internal metrics and name its failure
   lab                           scaling-lab grids of runs: list, run GRID, report DIR

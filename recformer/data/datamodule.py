@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from recformer.batch import DataError
 from recformer.config import VOCAB_DIGEST, FeatureDims, FeatureSpec
 from recformer.data import storage
+from recformer.data.checksums import has_page_checksums, unchecked_warning
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.packed import PackedBatch
@@ -258,6 +259,10 @@ class RecDataModule(pl.LightningDataModule):
         self.shuffle, self.shuffle_window, self.group_rows = shuffle, shuffle_window, group_rows
         self.seed = seed if seed is not None else global_seed()
         self.validate, self.predict_split, self.verify_checksums = validate, predict_split, verify_checksums
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """What set-up and the loaders fill in: split indexes, check results, the resume position."""
         self.splits: dict[str, SplitIndex] = {}
         self.oov_report: dict[str, dict[str, int]] = {}
         self.unsigned_keys: dict[str, frozenset[str]] = {}
@@ -266,6 +271,9 @@ class RecDataModule(pl.LightningDataModule):
         self._train_loader: RecDataLoader | None = None
         self._resume: dict[str, int] | None = None
         self._string_keys: dict[str, dict[str, pa.ChunkedArray]] = {}
+        self._unchecked: dict[str, None] = {}
+        """Parquet files read without page checksums (``checksums``), in the order found."""
+        self._named_unchecked: set[str] = set()
 
     # -- checkpointed state: the position of the training stream --------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -333,6 +341,17 @@ class RecDataModule(pl.LightningDataModule):
                         split,
                         unknown,
                     )
+        self._name_unchecked()
+
+    def _name_unchecked(self) -> None:
+        """One warning (first rank) naming the files found without page checksums since the last."""
+        side = self.spec.side_table_path()
+        if self.verify_checksums and side is not None and side.is_file() and not has_page_checksums(side):
+            self._unchecked[str(storage.join(self.data_dir, self.spec.item.side_table))] = None
+        new = [f for f in self._unchecked if f not in self._named_unchecked]
+        if new and self._is_first_rank():
+            log.warning(unchecked_warning(new, self.data_dir))
+        self._named_unchecked.update(new)
 
     def has_split(self, split: str) -> bool:
         return bool(find_split_files(self.data_dir, split))
@@ -341,8 +360,11 @@ class RecDataModule(pl.LightningDataModule):
         files = list_split_files(self.data_dir, split)
         first: tuple[Path, dict[str, str]] | None = None
         for f in files:
-            schema = read_footer(str(f)).schema.to_arrow_schema()
+            meta = read_footer(str(f))
+            schema = meta.schema.to_arrow_schema()
             check_schema(self.spec, schema, Where(str(f)))
+            if self.verify_checksums and not has_page_checksums(f, meta):
+                self._unchecked[str(f)] = None
             kinds = key_kinds(self.spec, schema)
             first = first or (f, kinds)
             wrong = [k for k in kinds if kinds[k] != first[1][k]]
