@@ -86,6 +86,13 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", flag: str = "--
         raise said from None
 
 
+def checkpoint_entries(path: str | Path, *keys: str) -> dict[str, Any]:
+    """Top-level entries of the local checkpoint ``path`` (``global_step``, a DataModule's state),
+    read memory-mapped: its tensors are not loaded."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return {k: ckpt.get(k) for k in keys}
+
+
 def _fsync_dir(folder: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot open a folder for fsync
         fd = os.open(folder, os.O_RDONLY)

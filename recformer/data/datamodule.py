@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from recformer.batch import DataError
-from recformer.config import VOCAB_DIGEST, FeatureDims, FeatureSpec
+from recformer.config import FeatureDims, FeatureSpec
 from recformer.data import storage
 from recformer.data.checksums import has_page_checksums, unchecked_warning
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
@@ -40,11 +40,15 @@ from recformer.data.packed import PackedBatch
 from recformer.data.ring import WorkerPool
 from recformer.data.schema import Where, check_schema, key_kinds
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
-from recformer.data.vocab import digest, field_vocab, item_vocab
+from recformer.data.vocab import encodings
 
 log = logging.getLogger(__name__)
 
 Split = Literal["train", "val", "test", "predict"]
+
+SPEC_STATE = "spec"
+"""Key of the feature spec's YAML text in the DataModule's checkpoint state: the encodings (dense
+statistics, vocabulary files by name) the model was trained with, which ``recformer export`` ships."""
 
 
 class RecDataLoader(DataLoader):
@@ -251,6 +255,7 @@ class RecDataModule(pl.LightningDataModule):
         # A URI (s3://...) stays a string: its split files are read where they are (data.storage).
         self.data_dir = data_dir if storage.is_uri(data_dir) else Path(data_dir)
         self.spec = _load_spec(self.data_dir, spec_path)
+        self.spec_text = Path(self.spec.path).read_text()
         _check_settings(batch_size, eval_batch_size, shuffle_window, num_workers, prefetch_factor)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
@@ -277,7 +282,8 @@ class RecDataModule(pl.LightningDataModule):
 
     # -- checkpointed state: the position of the training stream --------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
+        stream = {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
+        return {SPEC_STATE: self.spec_text, **stream}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = state.get("train_stream")
@@ -290,13 +296,7 @@ class RecDataModule(pl.LightningDataModule):
         dims = self.spec.dims()
         # A vocabulary file's order decides which row each raw value reads, as a vocab list's does:
         # its digest joins the encoding a checkpoint is compared on (FeatureDims.mismatch).
-        spec = self.spec
-        events = spec.sequence.categorical if spec.sequence else []
-        for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]:
-            if f.vocab_file is not None:
-                dims.encoding[f.name] = VOCAB_DIGEST + digest(field_vocab(spec, f))
-        if spec.item.vocab_file is not None:
-            dims.encoding[spec.item.column] = VOCAB_DIGEST + digest(item_vocab(spec))
+        dims.encoding = encodings(self.spec)
         return dims
 
     def item_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
