@@ -89,18 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[0] == "data":
         return data_main(argv[1:])
-    if argv[0] == "evaluate":
-        from recformer.evaluate import main as evaluate_main
-
-        return int(evaluate_main(argv[1:]) or 0)
-    if argv[0] == "export":
-        from recformer.export import main as export_main
-
-        return int(export_main(argv[1:]) or 0)
-    if argv[0] == "doctor":
-        from recformer.doctor import main as doctor_main
-
-        return int(doctor_main(argv[1:]) or 0)
+    if argv[0] in TOOLS:
+        return int(importlib.import_module(TOOLS[argv[0]]).main(argv[1:]) or 0)
     if argv[0] == "lab":
         from recformer.lab import main as lab_main
 
@@ -110,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             if _traceback_wanted():
                 raise
             return _one_line("recformer lab", str(e))
+    return lightning_main(argv, argv == sys.argv[1:])
+
+
+TOOLS = {"evaluate": "recformer.evaluate", "export": "recformer.export", "doctor": "recformer.doctor"}
+"""Commands with a ``main(argv)`` of their own, imported when called."""
+
+
+def lightning_main(argv: list[str], from_command_line: bool) -> int:
+    """``recformer fit|validate|test|predict``: LightningCLI, its stops said in one line each."""
     from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
     from recformer.callbacks.preemption import EXIT_SIGTERM
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = f"recformer {argv[0]}"
     try:
-        cli_main(None if argv == sys.argv[1:] else argv)
+        cli_main(None if from_command_line else argv)
     except SIGTERMException as e:  # a SystemExit without a code: the process would exit 0
         saved = getattr(e, "checkpoint", None)
         where = (
@@ -131,16 +130,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{command}: stopped by SIGTERM {where}", file=sys.stderr)
         return EXIT_SIGTERM
     except (FileNotFoundError, ValueError, MisconfigurationException) as e:  # DataError is a ValueError
-        e = _check_behind(e)
-        if _traceback_wanted() or not _deliberate(e):
+        named = _check_behind(e)
+        if _traceback_wanted() or not _deliberate(named):
             raise
         # A bad setting, path or input file: its message names it. A traceback on top hides that
         # line under fifty others; RECFORMER_TRACEBACK=1 brings it back.
-        return _one_line(command, str(e))
+        return _one_line(command, str(named), getattr(e, "resume_hint", None))
     except OSError as e:
         if _traceback_wanted() or e.errno not in _ENVIRONMENT_ERRNOS:
             raise
-        return _one_line(command, f"cannot write {e.filename or 'a file'}: {e.strerror}")
+        run_dir = getattr(e, "run_dir", None)
+        where = e.filename or (f"in the run folder {run_dir}" if run_dir is not None else "a file")
+        said = f"cannot write {where}: {e.strerror}"
+        return _one_line(command, said, getattr(e, "resume_hint", None))
     return 0
 
 
@@ -152,8 +154,10 @@ def _traceback_wanted() -> bool:
     return os.environ.get("RECFORMER_TRACEBACK", "0") not in ("", "0")
 
 
-def _one_line(command: str, message: str) -> int:
-    print(f"{command}: error: {message}", file=sys.stderr)
+def _one_line(command: str, message: str, hint: str | None = None) -> int:
+    """The error, and for a fit that saved a checkpoint where it resumes (``recformer.resume``)."""
+    said = f"{message.rstrip().rstrip('.')}; {hint}" if hint else message
+    print(f"{command}: error: {said}", file=sys.stderr)
     print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
     return 2
 

@@ -7,6 +7,7 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -19,7 +20,6 @@ from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.sink import HEALTH_FILE
@@ -27,6 +27,7 @@ from recformer.checkpoints import AtomicCheckpointIO, is_remote, read_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.loggers import SafeWandbLogger
 from recformer.module import RankerModule
+from recformer.resume import resume_hint
 from recformer.tracking import RECORD_FILE, run_folder_of
 
 DEFAULT_TRAINER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer.yaml"
@@ -341,6 +342,18 @@ def _numbered(get_metrics: Any, number: int) -> Any:
     return get_run_metrics
 
 
+def _note_resume(error: BaseException) -> None:
+    """Put on ``error`` what the line ``recformer.__main__`` prints needs (rank 0, which owns the
+    run): the run folder (an OS error from a library names no file) and, for a fit that saved a
+    checkpoint, where it resumes (``recformer.resume``)."""
+    for trainer in _TRAINERS:
+        if not trainer.is_global_zero:
+            continue
+        with contextlib.suppress(AttributeError):
+            error.run_dir = own_run_dir(trainer)  # type: ignore[attr-defined]
+            error.resume_hint = resume_hint(trainer)  # type: ignore[attr-defined]
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
     quiet_known_false_alarms()
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []
@@ -359,10 +372,11 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
             run=run,
             auto_configure_optimizers=False,
         )
-    except (ValueError, FileNotFoundError, MisconfigurationException):  # a bad setting or input
-        # A run stopped by one before it wrote a result leaves no version_N folder holding only
-        # its config (the next run's number would skip it; doctor would find nothing there), nor
-        # a W&B run. An interrupted or crashed run keeps its folder, whatever it holds.
+    except Exception as e:  # a bad setting or input, the store or the disk failing, a bug
+        _note_resume(e)
+        # A run stopped before it wrote a result leaves no version_N folder holding only its
+        # config (the next run's number would skip it; doctor would find nothing there), nor a
+        # W&B run. A run that wrote a checkpoint or metrics keeps its folder, whatever stopped it.
         remove_runs_without_result()
         raise
     finally:
