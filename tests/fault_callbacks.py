@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -86,3 +87,18 @@ class FillDiskAt(pl.Callback):
                         f.flush()
                 except OSError:
                     pass
+
+
+class HoldAt(pl.Callback):
+    """At optimizer step ``step`` writes its pid to ``path`` and waits to be killed, the first time
+    only (while ``path`` does not exist): the same command run again goes past that step. A kill
+    lands at a known step, however fast the machine."""
+
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0 and not Path(self.path).exists():
+            Path(self.path).write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)
