@@ -69,6 +69,9 @@ COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from recformer.lifeline import bind_to_parent
+
+    bind_to_parent()  # started by `recformer lab run`: die with it
     argv = list(sys.argv[1:] if argv is None else argv)
     # LightningCLI's own top-level help knows only its four subcommands.
     if not argv:
