@@ -283,7 +283,10 @@ class RecformerCLI(LightningCLI):
             then = yaml.safe_load(saved.read_text())
         except (OSError, yaml.YAMLError):
             return [f"{saved} is not readable"]
-        now = yaml.safe_load(self._parser(sub).dump(self.config[sub], skip_none=False, format="yaml"))
+        try:
+            now = yaml.safe_load(self._parser(sub).dump(self.config[sub], skip_none=False, format="yaml"))
+        except (TypeError, ValueError) as e:  # a setting jsonargparse cannot write back as YAML
+            return [f"this command's settings cannot be written as YAML to compare ({e})"]
         a, b = flat(comparable(now)), flat(comparable(then))
         short = lambda v: repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
         return [

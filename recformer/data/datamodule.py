@@ -280,7 +280,7 @@ class RecDataModule(pl.LightningDataModule):
         """Parquet files read without page checksums (``checksums``), in the order found."""
         self._named_unchecked: set[str] = set()
 
-    # -- checkpointed state: the position of the training stream --------------------------------
+    # -- checkpointed state: the training stream's position, the spec it was encoded with -----
     def state_dict(self) -> dict[str, Any]:
         stream = {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
         return {SPEC_STATE: self.spec_text, **stream}
