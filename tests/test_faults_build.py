@@ -4,7 +4,6 @@ right. Each is refused in one line, before anything is written, and the user's f
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -12,8 +11,10 @@ import pytest
 
 from recformer.__main__ import main as recformer_main
 from tests.test_build import _events, _mapping
+from tests.test_faults import read_only
 
 pytestmark = pytest.mark.faults
+__all__ = ["read_only"]  # a fixture: a read-only tmpfs
 
 MARKER = ".recformer-build"
 """The file a build leaves in its folder, listing what it wrote (``recformer.datasets.outdir``)."""
@@ -100,19 +101,6 @@ def test_overwrite_replaces_a_build_but_not_a_file_added_to_it(tmp_path, capsys)
 
 
 # -- an --out that cannot be written ----------------------------------------------------------------
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    """A read-only file system (tmpfs mounted ro: root ignores file modes, not this)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)]
-    made = subprocess.run(mount, capture_output=True)
-    if made.returncode:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {made.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_out_under_an_unwritable_parent_is_one_line(tmp_path, read_only, capsys):

@@ -11,14 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests._subprocess import ROOT, recformer_env, run_recformer
+from tests._subprocess import ROOT, run_recformer, start_recformer, wait_for_file
 from tests.test_lab import MICRO
 
 pytestmark = pytest.mark.faults
@@ -37,15 +36,7 @@ def _grid(tmp_path: Path, marker: Path) -> Path:
 
 
 def _runner(grid: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "recformer", "lab", "run", str(grid), "--out", str(out), "--jobs", "1"],
-        cwd=ROOT,
-        env=recformer_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_recformer(["lab", "run", str(grid), "--out", str(out), "--jobs", "1"], ROOT)
 
 
 def _alive(pid: int) -> bool:
@@ -56,14 +47,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its exit status waits to be read
 
 
-def _held_fit(runner: subprocess.Popen, marker: Path, timeout: float = 240) -> int:
+def _held_fit(runner: subprocess.Popen, marker: Path) -> int:
     """The pid of the runner's fit, once it holds at step 3."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        if runner.poll() is not None or time.monotonic() > deadline:
-            os.killpg(runner.pid, signal.SIGKILL)
-            pytest.fail(f"the point's fit never reached step 3: {runner.communicate()[1][-3000:]}")
-        time.sleep(0.05)
+    wait_for_file(marker, runner, "the point's fit reaching step 3")
     time.sleep(0.2)  # the pid is written; let the write finish
     return int(marker.read_text())
 

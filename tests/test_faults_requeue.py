@@ -15,48 +15,23 @@ import csv
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from recformer.__main__ import main as recformer_main
-from tests._subprocess import recformer_env, run_recformer
+from tests._subprocess import run_recformer, start_recformer, wait_for_file
 from tests.test_faults import assert_same_state, final_state, fit_args, reference, runs, with_callback
 
 pytestmark = pytest.mark.faults
 __all__ = ["reference"]  # the module fixture: the uninterrupted run's final state
 
 
-def _started(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "recformer", *args],
-        cwd=cwd,
-        env=recformer_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _held(proc: subprocess.Popen, marker: Path, timeout: float = 240) -> None:
-    """Wait until ``proc`` holds at its HoldAt step (its marker file is written)."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the fit never reached its HoldAt step: {proc.communicate()[1][-3000:]}")
-        time.sleep(0.05)
-
-
 def _killed_at(args: list[str], cwd: Path, marker: Path) -> None:
     """Run ``args`` until it holds at its HoldAt step, then SIGKILL it and everything it started."""
-    proc = _started(args, cwd)
-    _held(proc, marker)
+    proc = start_recformer(args, cwd)
+    wait_for_file(marker, proc, "the fit's HoldAt step")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
 
@@ -136,9 +111,9 @@ def test_a_requeue_resumes_the_latest_run_of_its_own_config_not_anothers(referen
 def test_a_requeue_while_the_run_is_alive_is_refused_by_name(reference, tmp_path):
     marker = tmp_path / "held"
     args = fit_args(reference[0], "--ckpt_path=last", *with_callback("HoldAt", step=12, path=str(marker)))
-    first = _started(args, tmp_path)
+    first = start_recformer(args, tmp_path)
     try:
-        _held(first, marker)
+        wait_for_file(marker, first, "the fit's HoldAt step")
         marker.unlink()  # the second would hold at step 12 too, if it ever got there
         second = run_recformer(args, cwd=tmp_path)
     finally:
