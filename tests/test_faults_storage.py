@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from recformer.__main__ import main as recformer_main
 from tests._subprocess import recformer_env, run_recformer
 from tests.test_faults import final_state, fit_args, runs, with_callback
 
@@ -126,6 +127,23 @@ def test_a_missing_bucket_is_named_as_one(server, tmp_path):
     assert "data.data_dir=s3://no-such-bucket/data: the bucket 'no-such-bucket' does not exist" in line, line
     assert "no spec.yaml there" not in line
     _nothing_left(tmp_path)
+
+
+def test_data_build_from_an_unreachable_store_is_one_line(tmp_path, capsys, monkeypatch):
+    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true"}.items():
+        monkeypatch.setenv(k, v)
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(
+        "events: s3://logs/raw/*.csv\ncolumns: {user: uid, item: iid, time: ts, label: click}\n"
+    )
+    rc = recformer_main(["data", "build", str(mapping), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(
+        "recformer data build: error: events s3://logs/raw/*.csv: the store cannot be reached"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 # -- failing mid-run --------------------------------------------------------------------------------

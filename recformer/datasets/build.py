@@ -987,6 +987,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import polars as pl
 
+    cfg = None
     try:
         cfg = BuildConfig.load(args.mapping)
         if args.events:
@@ -1004,6 +1005,13 @@ def run(args: argparse.Namespace) -> int:
             "reads as the first rows' type: convert the file to Parquet, or fix the column",
             file=sys.stderr,
         )
+        return 2
+    except OSError as e:  # polars reading s3:// events: the store refusing or out of reach
+        uris = [x for x in (cfg.events if cfg is not None else []) if storage.is_uri(x)]
+        said = storage.failure(e, uris[0]) if uris else None
+        if said is None:
+            raise
+        print(f"recformer data build: error: events {said}", file=sys.stderr)
         return 2
     print(summary_text(report, args.out))
     return 0
