@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -144,3 +145,23 @@ def test_a_partial_checkpoint_beside_an_explicit_checkpoint_is_removed_at_the_ne
     assert not partial.exists()
     err = capsys.readouterr().err
     assert f"recformer fit: removed 1 checkpoint write(s) a kill cut short: {partial} (the checkpoints" in err
+
+
+def test_a_requeue_that_cannot_resume_exactly_says_why_in_one_line(reference, tmp_path):
+    """Between the kill and the requeue a training file went: the stream the checkpoint was in the
+    middle of no longer exists, so the same command stops in one line instead of training on."""
+    shutil.copytree(reference[0], tmp_path / "data")
+    marker = tmp_path / "held"
+    args = fit_args(
+        tmp_path / "data", "--ckpt_path=last", *with_callback("HoldAt", step=12, path=str(marker))
+    )
+    _killed_at(args, tmp_path, marker)
+    (run,) = runs(tmp_path)
+    before = (run / "checkpoints" / "last.ckpt").read_bytes()
+    sorted((tmp_path / "data" / "train").glob("*.parquet"))[-1].unlink()
+    again = run_recformer(args, cwd=tmp_path)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr
+    (line,) = [x for x in again.stderr.splitlines() if x.startswith("recformer fit: error:")]
+    assert "cannot resume the training stream exactly" in line and "'rows': (515, 470)" in line, line
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == before and runs(tmp_path) == [run]
