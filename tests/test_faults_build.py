@@ -154,3 +154,28 @@ def test_limits_in_the_mapping_widen_the_range(tmp_path, capsys):
     limits = {"time_min": -3600, "weight_max": 1.0e8}
     mapping = _mapping(tmp_path, str(tmp_path / "events.parquet"), columns={"weight": "w"}, limits=limits)
     assert _build(mapping, tmp_path / "out", capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ("{weight_max: big}", "limits: weight_max='big': expected a number"),
+        ("{time_min: 2030-01-01, time_max: 2020-01-01}", "must be before time_max"),
+        ("{time_max: soon}", "limits: time_max='soon' is not seconds or an ISO date"),
+    ],
+)
+def test_a_bad_limit_is_one_line_naming_it(tmp_path, capsys, limits, said):
+    _events().write_parquet(tmp_path / "events.parquet")
+    mapping = _mapping(tmp_path, str(tmp_path / "events.parquet"))
+    mapping.write_text(mapping.read_text() + f"limits: {limits}\n")
+    rc, err = _build(mapping, tmp_path / "out", capsys)
+    assert rc == 2 and said in _one_line(err), err
+
+
+def test_a_limit_written_as_yaml_reads_it_is_a_number(tmp_path, capsys):
+    """``1.0e6`` (no sign in the exponent) is a string to YAML 1.1; it is the number it looks like."""
+    _with({4: {"w": 2.0e6}}).write_parquet(tmp_path / "events.parquet")
+    mapping = _mapping(tmp_path, str(tmp_path / "events.parquet"), columns={"weight": "w"})
+    mapping.write_text(mapping.read_text() + "limits: {weight_max: 1.0e6}\n")
+    rc, err = _build(mapping, tmp_path / "out", capsys)
+    assert rc == 2 and "has weights above limits.weight_max=1e+06: 1 of" in err, err

@@ -22,7 +22,7 @@ A short YAML file (every key below; ``configs/data/build-example.yaml`` is a com
     split: {by: user, val: 0.1, test: 0.1, min_events: 10}   # or {by: time, val_start: ..., test_start: ...}
     max_len: 50
     duplicates: error                    # or drop: one row per (user, item, time) kept, counted
-    limits: {time_min: 1970-01-01, time_max: 2100-01-01, weight_max: 1.0e6}   # values outside: refused
+    limits: {time_min: 1970-01-01, time_max: 2100-01-01, weight_max: 1000000}  # values outside: refused
 
 Everything is checked when the file loads, with the key named; the columns themselves are checked
 against the data by the builder (``build.py``) before anything is written.
@@ -64,7 +64,10 @@ def seconds(value: str | int, setting: str) -> int:
         return value
     import polars as pl
 
-    got = pl.Series([str(value)]).str.to_datetime(strict=False).dt.epoch("s")[0]
+    try:  # polars cannot infer a format from one value that is no date at all
+        got = pl.Series([str(value)]).str.to_datetime(strict=False).dt.epoch("s")[0]
+    except pl.exceptions.PolarsError:
+        got = None
     if got is None:
         raise ValueError(f"{setting}={value!r} is not seconds or an ISO date")
     return int(got)
@@ -233,6 +236,10 @@ class Limits:
     """Largest per-event weight; 3e38 would make the weighted loss inf, one row would outweigh a log."""
 
     def __post_init__(self) -> None:
+        try:  # YAML reads 1.0e6 (no sign in the exponent) as a string
+            self.weight_max = float(self.weight_max)
+        except (TypeError, ValueError):
+            raise ValueError(f"weight_max={self.weight_max!r}: expected a number") from None
         lo, hi = seconds(self.time_min, "time_min"), seconds(self.time_max, "time_max")
         if not lo < hi:
             raise ValueError(f"time_min={self.time_min!r} must be before time_max={self.time_max!r}")
