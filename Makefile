@@ -36,8 +36,9 @@ test: install
 test-slow: install
 	@$(BIN)/pytest -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo "no slow tests"; exit 0; fi; exit $$rc
 
-# Fault injection: kills, SIGTERM, killed checkpoint writes, flipped bits, NaN on one rank,
-# unwritable outputs, concurrent runs, W&B unreachable, malicious checkpoints, bad settings.
+# Fault injection: kills, SIGTERM, requeues, killed checkpoint writes, flipped bits, NaN on one rank,
+# unwritable outputs, full disks, S3 refusing or dying, concurrent runs and lab runners, W&B
+# unreachable, malicious checkpoints, bad settings and values, data build over its own inputs.
 faults: install
 	@$(BIN)/pytest -q -m faults; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no fault tests"; exit 1; fi; exit $$rc
 

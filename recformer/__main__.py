@@ -1,7 +1,7 @@
 """The ``recformer`` command.
 
 - ``recformer fit|validate|test|predict ...``: LightningCLI (``recformer.cli``).
-- ``recformer data movielens|synth|embed-items|summary|vocab|build ...``: dataset preparation.
+- ``recformer data movielens|synth|embed-items|summary|vocab|build|checksum ...``: dataset preparation.
 - ``recformer evaluate --ckpt ... --data ...``: offline exact metrics.
 - ``recformer doctor RUN_DIR``: reads a run's internal metrics and names its failure.
 - ``recformer serve EXPORT_DIR``: an exported ranker behind an HTTP server (``recformer.serve``).
@@ -25,6 +25,7 @@ DATA_COMMANDS = {
     "summary": "recformer.datasets.summary",
     "vocab": "recformer.datasets.vocab",
     "build": "recformer.datasets.build",
+    "checksum": "recformer.datasets.checksum",
 }
 
 
@@ -45,7 +46,8 @@ USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,
        recformer --version
 
   fit, validate, test, predict  a ranker through LightningCLI (e.g. recformer fit --help)
-  data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab, build
+  data                          prepare Parquet logs: movielens, synth, embed-items, summary, vocab, build,
+                                checksum
   evaluate                      offline exact metrics of a checkpoint on a split
   doctor                        read a run's internal metrics and name its failure
   lab                           scaling-lab grids of runs: list, run GRID, report DIR
@@ -65,13 +67,13 @@ def version() -> str:
         return "unknown (not installed; pip install -e .)"
 
 
-MAINS = {"export": "recformer.export", "serve": "recformer.serve.server"}
-"""Commands that are one module's ``main(argv)``, imported when run (torch, LitServe start slowly)."""
-
 COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from recformer.lifeline import bind_to_parent
+
+    bind_to_parent()  # started by `recformer lab run`: die with it
     argv = list(sys.argv[1:] if argv is None else argv)
     # LightningCLI's own top-level help knows only its four subcommands.
     if not argv:
@@ -92,16 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[0] == "data":
         return data_main(argv[1:])
-    if argv[0] == "evaluate":
-        from recformer.evaluate import main as evaluate_main
-
-        return int(evaluate_main(argv[1:]) or 0)
-    if argv[0] in MAINS:
-        return int(importlib.import_module(MAINS[argv[0]]).main(argv[1:]) or 0)
-    if argv[0] == "doctor":
-        from recformer.doctor import main as doctor_main
-
-        return int(doctor_main(argv[1:]) or 0)
+    if argv[0] in TOOLS:
+        return int(importlib.import_module(TOOLS[argv[0]]).main(argv[1:]) or 0)
     if argv[0] == "lab":
         from recformer.lab import main as lab_main
 
@@ -111,6 +105,20 @@ def main(argv: list[str] | None = None) -> int:
             if _traceback_wanted():
                 raise
             return _one_line("recformer lab", str(e))
+    return lightning_main(argv, argv == sys.argv[1:])
+
+
+TOOLS = {
+    "evaluate": "recformer.evaluate",
+    "export": "recformer.export",
+    "doctor": "recformer.doctor",
+    "serve": "recformer.serve.server",
+}
+"""Commands with a ``main(argv)`` of their own, imported when called (torch, LitServe start slowly)."""
+
+
+def lightning_main(argv: list[str], from_command_line: bool) -> int:
+    """``recformer fit|validate|test|predict``: LightningCLI, its stops said in one line each."""
     from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
     from recformer.callbacks.preemption import EXIT_SIGTERM
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = f"recformer {argv[0]}"
     try:
-        cli_main(None if argv == sys.argv[1:] else argv)
+        cli_main(None if from_command_line else argv)
     except SIGTERMException as e:  # a SystemExit without a code: the process would exit 0
         saved = getattr(e, "checkpoint", None)
         where = (
@@ -132,16 +140,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{command}: stopped by SIGTERM {where}", file=sys.stderr)
         return EXIT_SIGTERM
     except (FileNotFoundError, ValueError, MisconfigurationException) as e:  # DataError is a ValueError
-        e = _check_behind(e)
-        if _traceback_wanted() or not _deliberate(e):
+        named = _check_behind(e)
+        if _traceback_wanted() or not _deliberate(named):
             raise
         # A bad setting, path or input file: its message names it. A traceback on top hides that
         # line under fifty others; RECFORMER_TRACEBACK=1 brings it back.
-        return _one_line(command, str(e))
+        return _one_line(command, str(named), getattr(e, "resume_hint", None))
     except OSError as e:
         if _traceback_wanted() or e.errno not in _ENVIRONMENT_ERRNOS:
             raise
-        return _one_line(command, f"cannot write {e.filename or 'a file'}: {e.strerror}")
+        run_dir = getattr(e, "run_dir", None)
+        where = e.filename or (f"in the run folder {run_dir}" if run_dir is not None else "a file")
+        said = f"cannot write {where}: {e.strerror}"
+        return _one_line(command, said, getattr(e, "resume_hint", None))
     return 0
 
 
@@ -153,8 +164,10 @@ def _traceback_wanted() -> bool:
     return os.environ.get("RECFORMER_TRACEBACK", "0") not in ("", "0")
 
 
-def _one_line(command: str, message: str) -> int:
-    print(f"{command}: error: {message}", file=sys.stderr)
+def _one_line(command: str, message: str, hint: str | None = None) -> int:
+    """The error, and for a fit that saved a checkpoint where it resumes (``recformer.resume``)."""
+    said = f"{message.rstrip().rstrip('.')}; {hint}" if hint else message
+    print(f"{command}: error: {said}", file=sys.stderr)
     print("(the traceback: RECFORMER_TRACEBACK=1)", file=sys.stderr)
     return 2
 

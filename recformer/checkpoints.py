@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import pickle
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 PARTIAL = ".partial-"
 """Infix of a checkpoint being written: ``.<name>.partial-<pid>`` beside ``<name>``."""
 
+_SHORT_WRITE = ("unexpected pos", "file write failed", "PytorchStreamWriter failed")
+"""What torch says when the bytes of a checkpoint did not all reach the file (torch 2.11-2.13)."""
 _UNREADABLE = ("PytorchStreamReader", "zip archive", "Invalid argument", "Weights only load failed")
 """What torch says when the file itself is not a checkpoint it can read (checked on torch 2.11-2.13)."""
 
@@ -86,6 +89,13 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu", flag: str = "--
         raise said from None
 
 
+def checkpoint_entries(path: str | Path, *keys: str) -> dict[str, Any]:
+    """Top-level entries of the local checkpoint ``path`` (``global_step``, a DataModule's state),
+    read memory-mapped: its tensors are not loaded."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return {k: ckpt.get(k) for k in keys}
+
+
 def _fsync_dir(folder: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot open a folder for fsync
         fd = os.open(folder, os.O_RDONLY)
@@ -108,10 +118,35 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        failed = _write_failure(e, path)
         tmp.unlink(missing_ok=True)
+        if failed is not None:
+            raise failed from e
         raise
     _fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+FULL_BELOW = 1 << 20
+"""Free bytes under which a failed write is put down to a full disk."""
+
+
+def _write_failure(error: BaseException, path: Path) -> OSError | None:
+    """The write of ``path`` failing as an ``OSError`` naming ``path`` (not its temporary file):
+    torch reports a short write as a ``RuntimeError`` ("unexpected pos"), or the OS error names no
+    file; a full file system (measured before the partial file is removed) is ENOSPC. None for
+    anything that is not a failed write."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return OSError(error.errno, error.strerror, str(path))
+    if not isinstance(error, RuntimeError) or not any(s in str(error) for s in _SHORT_WRITE):
+        return None
+    try:
+        st = os.statvfs(path.parent)
+        full = st.f_bavail * st.f_frsize < FULL_BELOW
+    except OSError:
+        full = False
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, os.strerror(code), str(path))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

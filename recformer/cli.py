@@ -7,6 +7,7 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -19,7 +20,6 @@ from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.sink import HEALTH_FILE
@@ -27,7 +27,23 @@ from recformer.checkpoints import AtomicCheckpointIO, is_remote, read_checkpoint
 from recformer.data.datamodule import RecDataModule
 from recformer.loggers import SafeWandbLogger
 from recformer.module import RankerModule
-from recformer.tracking import RECORD_FILE, run_folder_of
+from recformer.resume import (
+    RUN_LOGGERS,
+    Requeue,
+    comparable,
+    continue_metrics,
+    find_requeue,
+    fixed_ckpt_dir,
+    flat,
+    remove_partials,
+    resume_hint,
+    runs_root,
+    trim_health,
+    version_name,
+    versions,
+)
+from recformer.tracking import RECORD_FILE, read_record, run_folder_of
+from recformer.writer_lock import LOCK_FILE, held_by, hold
 
 DEFAULT_TRAINER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer.yaml"
 
@@ -56,10 +72,11 @@ _NEW_RUN_DIRS: list[Path] = []
 setting or input before it writes a result."""
 _TRAINERS: list[Any] = []
 """Trainers this process made; their W&B run folders go with a removed run folder."""
-_START_FILES = {"config.yaml", "hparams.yaml", RECORD_FILE}
+_LOCKS: list[int] = []
+"""Writer locks of the run folders this process writes (``recformer.writer_lock``), held until
+``cli_main`` returns."""
+_START_FILES = {"config.yaml", "hparams.yaml", RECORD_FILE, LOCK_FILE}
 """What a run writes before its first step."""
-_RUN_LOGGERS = ("lightning.pytorch.loggers.CSVLogger", "lightning.pytorch.loggers.TensorBoardLogger")
-"""Loggers whose ``version_N`` folder is the run's own folder (``claim_version``)."""
 _WANDB_LOGGER = "recformer.loggers.SafeWandbLogger"
 
 
@@ -108,6 +125,7 @@ def claim_version(root: Path) -> Path:
             n += 1
             continue
         _NEW_RUN_DIRS.append(root / f"version_{n}")
+        _LOCKS.append(hold(root / f"version_{n}", "run folder"))  # new: nobody else holds it
         return root / f"version_{n}"
 
 
@@ -198,6 +216,7 @@ class RecformerCLI(LightningCLI):
         self._given_args = (
             list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         )
+        self._requeue: Requeue | None = None
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -206,6 +225,8 @@ class RecformerCLI(LightningCLI):
         silently replaced), and an unreadable file is one line, not torch's traceback."""
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if sub == "fit" and ckpt_path == "last":
+            ckpt_path = self._resolve_last(sub)
         if not ckpt_path or str(ckpt_path).split(":")[0] in _CKPT_KEYWORDS:
             return
         hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters") or {})
@@ -232,6 +253,47 @@ class RecformerCLI(LightningCLI):
         for key, value in given.items():  # compile, auc_exact_max_rows: the user's value applies
             if key.split(".")[0] in RUNTIME_SETTINGS:
                 self.config[sub]["model"][key] = value
+
+    def _resolve_last(self, sub: str) -> str | None:
+        """``fit --ckpt_path last``: the last.ckpt of the latest run of this config, continued in its
+        own run folder (``recformer.resume.find_requeue``); None (a new run, or step 0 in that
+        folder) when it has none. Every rank resolves it alike from the same files."""
+        config = self.config[sub]
+        root, version = runs_root(config["trainer"])
+        if root is None:
+            raise ValueError(
+                "--ckpt_path last resumes the latest run of this config in its run folder: it needs a "
+                "CSVLogger or TensorBoardLogger as the first trainer.logger (or --trainer.logger false); "
+                "or give --ckpt_path PATH"
+            )
+        candidates = [root / version_name(version)] if version is not None else versions(root)
+        self._requeue = find_requeue(
+            root, candidates, lambda saved: self._differences(sub, saved), fixed_ckpt_dir(config)
+        )
+        config["ckpt_path"] = str(self._requeue.ckpt) if self._requeue.ckpt is not None else None
+        return config["ckpt_path"]
+
+    def _differences(self, sub: str, saved: Path) -> list[str]:
+        """The settings in which this command differs from the run whose config.yaml is ``saved``:
+        ``key: the run's value vs this command's``; the checkpoint path, the loggers and the
+        default root (which name the run, not what it computes) aside."""
+        import yaml
+
+        try:
+            then = yaml.safe_load(saved.read_text())
+        except (OSError, yaml.YAMLError):
+            return [f"{saved} is not readable"]
+        try:
+            now = yaml.safe_load(self._parser(sub).dump(self.config[sub], skip_none=False, format="yaml"))
+        except (TypeError, ValueError) as e:  # a setting jsonargparse cannot write back as YAML
+            return [f"this command's settings cannot be written as YAML to compare ({e})"]
+        a, b = flat(comparable(now)), flat(comparable(then))
+        short = lambda v: repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+        return [
+            f"{k}: {short(b.get(k))} vs {short(a.get(k))} now"
+            for k in sorted(set(a) | set(b))
+            if _plain(a.get(k)) != _plain(b.get(k))
+        ]
 
     def _given_model_settings(self, sub: str) -> dict[str, Any]:
         """The ``model.*`` settings given on the command line or in ``--config`` files (not defaults)."""
@@ -273,30 +335,60 @@ class RecformerCLI(LightningCLI):
             # Without loggers Lightning writes a run's files (config.yaml, checkpoints/,
             # health.jsonl, predictions) straight into default_root_dir, where the next such run
             # would mix its files with this one's: it gets a version_N folder of its own.
-            trainer["default_root_dir"] = str(
-                claim_version(Path(trainer.get("default_root_dir") or ".") / "recformer")
-            )
+            root = Path(trainer.get("default_root_dir") or ".") / "recformer"
+            trainer["default_root_dir"] = str(self._own_folder(root, None))
             return
         loggers = loggers if isinstance(loggers, list) else [loggers]
         run_name = None
         for logger in loggers:
             args = getattr(logger, "init_args", None)
-            if getattr(logger, "class_path", None) in _RUN_LOGGERS and args is not None:
-                if args.get("version") is None:
-                    root = Path(args.get("save_dir") or ".") / (args.get("name") or "")
-                    args["version"] = int(claim_version(root).name.removeprefix("version_"))
-                version = args["version"]
-                version = version if isinstance(version, str) else f"version_{version}"
-                run_name = run_name or f"{args.get('name') or 'lightning_logs'}/{version}"
-        for logger in loggers:  # the W&B run is named after the run folder: recformer/version_N
+            if getattr(logger, "class_path", None) in RUN_LOGGERS and args is not None:
+                root = Path(args.get("save_dir") or ".") / (args.get("name") or "")
+                folder = self._own_folder(root, args.get("version"))
+                version = folder.name.removeprefix("version_")
+                args["version"] = int(version) if version.isdigit() else folder.name
+                run_name = run_name or f"{args.get('name') or 'lightning_logs'}/{folder.name}"
+        self._name_wandb_run(loggers, run_name)
+
+    def _own_folder(self, root: Path, version: int | str | None) -> Path:
+        """The run's folder under ``root``, with its writer lock held by this process: the
+        requeued run's (``--ckpt_path last``), the ``version`` given, or a new ``version_N``. A
+        folder a live process is writing is refused (``WriterAlive``), naming that process."""
+        requeue = self._requeue
+        if requeue is not None and requeue.run is not None and requeue.run.parent == root:
+            folder = requeue.run
+        elif version is not None:
+            folder = root / version_name(version)
+        else:
+            return claim_version(root)
+        new = not folder.exists()
+        _LOCKS.append(hold(folder, "run folder"))
+        if new:
+            _NEW_RUN_DIRS.append(folder)
+        return folder
+
+    def _name_wandb_run(self, loggers: list[Any], run_name: str | None) -> None:
+        """The W&B run is named after the run folder (recformer/version_N); a requeued run goes on
+        in the W&B run its folder records (wandb.json), which Lightning's logger resumes."""
+        requeue = self._requeue
+        record = read_record(requeue.run) if requeue is not None and requeue.run is not None else None
+        for logger in loggers:
             args = getattr(logger, "init_args", None)
-            wandb = getattr(logger, "class_path", None) == _WANDB_LOGGER and args is not None
-            if wandb and run_name and args.get("name") is None:
+            if getattr(logger, "class_path", None) != _WANDB_LOGGER or args is None:
+                continue
+            if run_name and args.get("name") is None:
                 args["name"] = run_name
+            if record is not None and args.get("id") is None and args.get("version") is None:
+                args["id"] = record["id"]
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
+        if self._requeue is not None and self._requeue.run is not None:
+            self.save_config_kwargs["overwrite"] = True  # the same settings, into its own folder
         trainer = super().instantiate_trainer(**kwargs)
         _TRAINERS.append(trainer)
+        if trainer.is_global_zero and self.subcommand == "fit":
+            self._continue_requeued(trainer)
+            self._remove_killed_writes()
         # Checkpoints written in place (see recformer.checkpoints), unless a plugin brought its own IO.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
@@ -305,6 +397,7 @@ class RecformerCLI(LightningCLI):
         run_dir = own_run_dir(trainer)
         if trainer.is_global_zero and run_dir is not None and not run_dir.exists():
             _NEW_RUN_DIRS.append(run_dir)
+        _start_csv_writers(trainer)
         bar = trainer.progress_bar_callback
         if bar is not None and run_dir is not None and run_dir.name.removeprefix("version_").isdigit():
             bar.get_metrics = _numbered(bar.get_metrics, int(run_dir.name.removeprefix("version_")))
@@ -327,6 +420,48 @@ class RecformerCLI(LightningCLI):
                 "--output needs the recformer.callbacks.predictions.ParquetPredictionWriter callback"
             )
 
+    def _continue_requeued(self, trainer: Any) -> None:
+        """Say what ``--ckpt_path last`` resolved to; in a continued run folder keep metrics.csv and
+        health.jsonl up to the checkpoint's step (the stopped attempt may have logged past it)."""
+        requeue = self._requeue
+        if requeue is None:
+            return
+        dropped = 0
+        if requeue.run is not None:
+            for logger in trainer.loggers:
+                if isinstance(logger, CSVLogger) and Path(logger.log_dir) == requeue.run:
+                    dropped += continue_metrics(logger, requeue.step)
+            dropped += trim_health(requeue.run, requeue.step)
+        past = f"; {dropped} log row(s) the stopped attempt wrote after step {requeue.step} dropped"
+        print(f"recformer fit: --ckpt_path last: {requeue.note}{past if dropped else ''}", file=sys.stderr)
+
+    def _remove_killed_writes(self) -> None:
+        """Remove the checkpoint writes a kill cut short beside the checkpoint this fit resumes
+        from, unless a live process writes that run (its writer lock), and say so in one line."""
+        ckpt = self.config[self.subcommand].get("ckpt_path")
+        if not ckpt or is_remote(ckpt) or not Path(ckpt).is_file():
+            return
+        run = run_folder_of(Path(ckpt))
+        if held_by(run) is not None and not (self._requeue is not None and self._requeue.run == run):
+            return
+        removed = remove_partials(Path(ckpt).parent)
+        if removed:
+            print(
+                f"recformer fit: removed {len(removed)} checkpoint write(s) a kill cut short: "
+                f"{', '.join(str(p) for p in removed)} (the checkpoints beside them are whole)",
+                file=sys.stderr,
+            )
+
+
+def _start_csv_writers(trainer: Any) -> None:
+    """Start the CSV writer of each new run folder now: Lightning's warns that the folder is not
+    empty and its "previous log files will be deleted" when it finds only the writer lock there."""
+    for logger in trainer.loggers if trainer.is_global_zero else []:
+        if isinstance(logger, CSVLogger) and Path(logger.log_dir) in _NEW_RUN_DIRS:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Experiment logs directory")
+                logger.experiment  # noqa: B018 - creating the writer is the point
+
 
 def _numbered(get_metrics: Any, number: int) -> Any:
     """The progress bar's ``v_num`` as the run folder's number. Lightning joins every logger's
@@ -339,6 +474,18 @@ def _numbered(get_metrics: Any, number: int) -> Any:
         return items
 
     return get_run_metrics
+
+
+def _note_resume(error: BaseException) -> None:
+    """Put on ``error`` what the line ``recformer.__main__`` prints needs (rank 0, which owns the
+    run): the run folder (an OS error from a library names no file) and, for a fit that saved a
+    checkpoint, where it resumes (``recformer.resume``)."""
+    for trainer in _TRAINERS:
+        if not trainer.is_global_zero:
+            continue
+        with contextlib.suppress(AttributeError):
+            error.run_dir = own_run_dir(trainer)  # type: ignore[attr-defined]
+            error.resume_hint = resume_hint(trainer)  # type: ignore[attr-defined]
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
@@ -359,12 +506,15 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
             run=run,
             auto_configure_optimizers=False,
         )
-    except (ValueError, FileNotFoundError, MisconfigurationException):  # a bad setting or input
-        # A run stopped by one before it wrote a result leaves no version_N folder holding only
-        # its config (the next run's number would skip it; doctor would find nothing there), nor
-        # a W&B run. An interrupted or crashed run keeps its folder, whatever it holds.
+    except Exception as e:  # a bad setting or input, the store or the disk failing, a bug
+        _note_resume(e)
+        # A run stopped before it wrote a result leaves no version_N folder holding only its
+        # config (the next run's number would skip it; doctor would find nothing there), nor a
+        # W&B run. A run that wrote a checkpoint or metrics keeps its folder, whatever stopped it.
         remove_runs_without_result()
         raise
     finally:
         _NEW_RUN_DIRS.clear()
         _TRAINERS.clear()
+        while _LOCKS:
+            os.close(_LOCKS.pop())

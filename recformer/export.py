@@ -171,7 +171,6 @@ def export(
 ) -> dict[str, Any]:
     """Export ``ckpt`` into ``out`` in each of ``formats``, check each against the checkpoint on
     ``split`` of ``data``; the manifest (also written as ``out/manifest.json``)."""
-    from recformer.checkpoints import check_features
     from recformer.data.datamodule import RecDataModule
     from recformer.evaluate import load_module
 
@@ -179,7 +178,7 @@ def export(
     dm = RecDataModule(
         str(data), eval_batch_size=batch_size, num_workers=0, validate="footer", predict_split=split
     )
-    check_features(dm.feature_dims, module.dims, f"the feature spec of {data}", f"checkpoint {ckpt}")
+    check_encodings(dm.feature_dims, module.dims, data, ckpt)
     dm.setup("predict")
     batches = [b.to("cpu") for b in dm.predict_dataloader()]
     if not batches:
@@ -187,7 +186,20 @@ def export(
     scorer = Scorer(module.ranker).eval()
     example = inputs_of(batches[0])
     out.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {
+    manifest = _manifest(module, ckpt, example)
+    with torch.no_grad():
+        reference = [scorer(*inputs_of(b)).numpy() for b in batches]
+    for fmt in formats:
+        rows = (example, batches, reference)
+        manifest["formats"][fmt] = _export_checked(scorer, rows, out, fmt, split, module.arch)
+    # every column the inputs come from, and the normalisation statistics: the checkpoint's own
+    manifest["spec"], manifest["encodings_from"] = write_encodings(ckpt, data, out / "encodings", module.dims)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return manifest
+
+
+def _manifest(module: Any, ckpt: Path, example: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    return {
         "formats": {},
         "inputs": [
             {"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": ["batch", *t.shape[1:]]}
@@ -201,45 +213,89 @@ def export(
         "versions": {"torch": torch.__version__, "recformer": _version()},
         "encoder": manifest_entry(None),  # its constants (the time-gap unit), read by recformer serve
     }
-    with torch.no_grad():
-        reference = [scorer(*inputs_of(b)).numpy() for b in batches]
-    for fmt in formats:
-        path = out / FORMATS[fmt]
-        start = time.perf_counter()
-        try:
-            EXPORTERS[fmt](scorer, example, path)
-        except ValueError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a tracer's traceback is not an answer: one line, by name
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"model.arch={module.arch} cannot be exported to {fmt}: {first[:300]}") from None
-        seconds = time.perf_counter() - start
-        run = load(out, fmt)
-        diff = max(float(np.abs(run(*inputs_of(b)) - ref).max()) for b, ref in zip(batches, reference))
-        rows = sum(len(b) for b in batches)
-        manifest["formats"][fmt] = {
-            "file": path.name,
-            "sha256": sha256(path),
-            "export_seconds": round(seconds, 2),
-            "parity": {"split": split, "rows": rows, "max_abs_score_diff": diff, "tolerance": TOLERANCE},
-        }
-        if not diff <= TOLERANCE:
-            raise ValueError(
-                f"{fmt}: the exported model's scores differ from the checkpoint's by up to {diff:.3g} on "
-                f"{rows} rows of {split} (tolerance {TOLERANCE:g}); not an artifact to serve"
-            )
-    enc = out / "encodings"
-    shutil.rmtree(enc, ignore_errors=True)
-    enc.mkdir()
-    shutil.copy2(data / "spec.yaml", enc / "spec.yaml")
-    if (data / "vocab").is_dir():
-        shutil.copytree(data / "vocab", enc / "vocab")
+
+
+def _export_checked(
+    scorer: Scorer, rows: tuple[Any, list, list], out: Path, fmt: str, split: str, arch: str
+) -> dict[str, Any]:
+    """Export ``scorer`` as ``fmt`` into ``out`` and score ``rows`` (the example, the batches, the
+    checkpoint's scores of them) with the file; its manifest entry, or an error past TOLERANCE."""
+    example, batches, reference = rows
+    path = out / FORMATS[fmt]
+    start = time.perf_counter()
+    try:
+        EXPORTERS[fmt](scorer, example, path)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tracer's traceback is not an answer: one line, by name
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"model.arch={arch} cannot be exported to {fmt}: {first[:300]}") from None
+    seconds = time.perf_counter() - start
+    run = load(out, fmt)
+    diff = max(float(np.abs(run(*inputs_of(b)) - ref).max()) for b, ref in zip(batches, reference))
+    rows_n = sum(len(b) for b in batches)
+    if not diff <= TOLERANCE:
+        raise ValueError(
+            f"{fmt}: the exported model's scores differ from the checkpoint's by up to {diff:.3g} on "
+            f"{rows_n} rows of {split} (tolerance {TOLERANCE:g}); not an artifact to serve"
+        )
+    return {
+        "file": path.name,
+        "sha256": sha256(path),
+        "export_seconds": round(seconds, 2),
+        "parity": {"split": split, "rows": rows_n, "max_abs_score_diff": diff, "tolerance": TOLERANCE},
+    }
+
+
+def check_encodings(data_dims: Any, ckpt_dims: Any, data: Path, ckpt: Path) -> None:
+    """Refuse ``data`` whose inputs the checkpoint's model does not read as it was trained to:
+    other columns, sizes or vocabularies, or dense columns normalised otherwise, each named with
+    the data's value and the checkpoint's. The artifact ships the checkpoint's encodings, so rows
+    encoded as ``data`` encodes them would be checked against a model that never saw them."""
+    wrong = data_dims.mismatch(ckpt_dims)
+    changed = data_dims.encoding_changes(ckpt_dims)
+    if wrong or changed:
+        said = wrong or "dense columns normalised otherwise (" + "; ".join(changed) + ")"
+        raise DataError(
+            f"--data {data} encodes its inputs otherwise than checkpoint {ckpt} was trained on: {said}; "
+            "an artifact carries the checkpoint's own encodings: export with the data it was trained on"
+        )
+
+
+def write_encodings(ckpt: Path, data: Path, enc: Path, dims: Any) -> tuple[dict[str, Any], str]:
+    """``enc``: the feature spec the checkpoint was trained with (kept in its DataModule state; a
+    checkpoint from before that: ``data``'s, which ``check_encodings`` compared with it) and every
+    vocabulary file it names, copied from ``data`` at the same relative path. Every encoding the
+    checkpoint records is checked against what ``enc`` now holds. Returns the spec and its source."""
     import yaml
 
-    spec = yaml.safe_load((data / "spec.yaml").read_text())
-    manifest["spec"] = spec  # every column the inputs come from, and the normalisation statistics
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    return manifest
+    from recformer.checkpoints import checkpoint_entries
+    from recformer.config import FeatureSpec
+    from recformer.data.datamodule import SPEC_STATE, RecDataModule
+    from recformer.data.vocab import encodings, vocab_files
+
+    key = RecDataModule.__qualname__
+    text = (checkpoint_entries(ckpt, key)[key] or {}).get(SPEC_STATE)
+    source = (
+        "checkpoint" if text is not None else f"data ({data}: checkpoint written before it kept its spec)"
+    )
+    shutil.rmtree(enc, ignore_errors=True)
+    enc.mkdir()
+    (enc / "spec.yaml").write_text(text if text is not None else (data / "spec.yaml").read_text())
+    spec = FeatureSpec.load(enc / "spec.yaml")
+    for rel in vocab_files(spec):
+        target = (enc / rel).resolve()
+        if not target.is_relative_to(enc.resolve()):
+            raise DataError(f"vocab_file {rel} lies outside the data folder; encodings/ must hold every one")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(data / rel, target)
+    got = encodings(spec)
+    wrong = [
+        f"{k}: artifact {got.get(k)} vs checkpoint {v}" for k, v in dims.encoding.items() if got.get(k) != v
+    ]
+    if wrong:
+        raise DataError(f"{enc} does not encode as checkpoint {ckpt} was trained: {'; '.join(wrong)}")
+    return yaml.safe_load(text if text is not None else (enc / "spec.yaml").read_text()), source
 
 
 def item_ids_of(data: Path, column: str) -> Any:

@@ -37,15 +37,7 @@ def run_recformer(
 ) -> subprocess.CompletedProcess:
     """``python -m recformer *args`` in ``cwd``; a run past ``timeout`` fails the test with the
     Python stacks of every process it started."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "recformer", *args],
-        cwd=cwd,
-        env=env or recformer_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_recformer(args, cwd, env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -56,3 +48,28 @@ def run_recformer(
         if expect_hang_free:
             pytest.fail(f"recformer {' '.join(args[:1])} hung for {timeout} s; stacks:\n{err[-20000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def start_recformer(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m recformer *args`` started in a session of its own (to be killed as a group), its
+    stdout and stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "recformer", *args],
+        cwd=cwd,
+        env=env or recformer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    """Wait until ``path`` exists (a marker ``proc`` writes when it gets somewhere); should
+    ``proc`` end or ``timeout`` pass first, its session is killed and the test fails with its stderr."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"{what} never happened: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -57,3 +58,47 @@ class RecordRows(pl.Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(" ".join(str(int(k)) for k in batch.keys[:, 0].tolist()) + "\n")
+
+
+class KillProcessAt(pl.Callback):
+    """SIGKILLs process ``pid`` (a server the run reads from) when optimizer step ``step`` is done."""
+
+    def __init__(self, step: int, pid: int):
+        self.step, self.pid = step, pid
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class FillDiskAt(pl.Callback):
+    """Fills the file system of ``path`` (a file it writes there) when optimizer step ``step`` is
+    done: every write after it meets a full disk."""
+
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            with open(self.path, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+
+
+class HoldAt(pl.Callback):
+    """At optimizer step ``step`` writes its pid to ``path`` and waits to be killed, the first time
+    only (while ``path`` does not exist): the same command run again goes past that step. A kill
+    lands at a known step, however fast the machine."""
+
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == 0 and not Path(self.path).exists():
+            Path(self.path).write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)

@@ -181,6 +181,13 @@ class MetricSink(Callback):
         self._file.write(json.dumps(record, default=_jsonable) + "\n")
         self._file.flush()  # the doctor may read a run that is still going
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # The loggers' buffered rows (CSVLogger writes every flush_logs_every_n_steps) reach disk
+        # with every checkpoint: after a kill, the logs hold everything up to the state a resume
+        # continues from (recformer.resume.continue_metrics keeps them; later rows are redone).
+        for logger in trainer.loggers:
+            logger.save()
+
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._file is not None:
             self._file.close()

@@ -31,19 +31,24 @@ import torch
 from torch.utils.data import DataLoader
 
 from recformer.batch import DataError
-from recformer.config import VOCAB_DIGEST, FeatureDims, FeatureSpec
+from recformer.config import FeatureDims, FeatureSpec
 from recformer.data import storage
+from recformer.data.checksums import has_page_checksums, unchecked_warning
 from recformer.data.dataset import ParquetStream, StreamPlan, keep_freed_memory
 from recformer.data.decode import BatchLayout, Decoder, load_item_tables
 from recformer.data.packed import PackedBatch
 from recformer.data.ring import WorkerPool
 from recformer.data.schema import Where, check_schema, key_kinds
 from recformer.data.shards import SplitIndex, find_split_files, list_split_files, read_footer
-from recformer.data.vocab import digest, field_vocab, item_vocab
+from recformer.data.vocab import encodings
 
 log = logging.getLogger(__name__)
 
 Split = Literal["train", "val", "test", "predict"]
+
+SPEC_STATE = "spec"
+"""Key of the feature spec's YAML text in the DataModule's checkpoint state: the encodings (dense
+statistics, vocabulary files by name) the model was trained with, which ``recformer export`` ships."""
 
 
 class RecDataLoader(DataLoader):
@@ -255,6 +260,7 @@ class RecDataModule(pl.LightningDataModule):
         # A URI (s3://...) stays a string: its split files are read where they are (data.storage).
         self.data_dir = data_dir if storage.is_uri(data_dir) else Path(data_dir)
         self.spec = _load_spec(self.data_dir, spec_path)
+        self.spec_text = Path(self.spec.path).read_text()
         _check_settings(batch_size, eval_batch_size, shuffle_window, num_workers, prefetch_factor)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
@@ -264,6 +270,10 @@ class RecDataModule(pl.LightningDataModule):
         self.group_order = group_order
         self.seed = seed if seed is not None else global_seed()
         self.validate, self.predict_split, self.verify_checksums = validate, predict_split, verify_checksums
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """What set-up and the loaders fill in: split indexes, check results, the resume position."""
         self.splits: dict[str, SplitIndex] = {}
         self.oov_report: dict[str, dict[str, int]] = {}
         self.unsigned_keys: dict[str, frozenset[str]] = {}
@@ -272,10 +282,14 @@ class RecDataModule(pl.LightningDataModule):
         self._train_loader: RecDataLoader | None = None
         self._resume: dict[str, int] | None = None
         self._string_keys: dict[str, dict[str, pa.ChunkedArray]] = {}
+        self._unchecked: dict[str, None] = {}
+        """Parquet files read without page checksums (``checksums``), in the order found."""
+        self._named_unchecked: set[str] = set()
 
-    # -- checkpointed state: the position of the training stream --------------------------------
+    # -- checkpointed state: the training stream's position, the spec it was encoded with -----
     def state_dict(self) -> dict[str, Any]:
-        return {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
+        stream = {"train_stream": self._train_loader.resume_state()} if self._train_loader is not None else {}
+        return {SPEC_STATE: self.spec_text, **stream}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = state.get("train_stream")
@@ -288,13 +302,7 @@ class RecDataModule(pl.LightningDataModule):
         dims = self.spec.dims()
         # A vocabulary file's order decides which row each raw value reads, as a vocab list's does:
         # its digest joins the encoding a checkpoint is compared on (FeatureDims.mismatch).
-        spec = self.spec
-        events = spec.sequence.categorical if spec.sequence else []
-        for f in [*spec.categorical, *events, *spec.item.features, *spec.bags]:
-            if f.vocab_file is not None:
-                dims.encoding[f.name] = VOCAB_DIGEST + digest(field_vocab(spec, f))
-        if spec.item.vocab_file is not None:
-            dims.encoding[spec.item.column] = VOCAB_DIGEST + digest(item_vocab(spec))
+        dims.encoding = encodings(self.spec)
         return dims
 
     def item_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,6 +347,17 @@ class RecDataModule(pl.LightningDataModule):
                         split,
                         unknown,
                     )
+        self._name_unchecked()
+
+    def _name_unchecked(self) -> None:
+        """One warning (first rank) naming the files found without page checksums since the last."""
+        side = self.spec.side_table_path()
+        if self.verify_checksums and side is not None and side.is_file() and not has_page_checksums(side):
+            self._unchecked[str(storage.join(self.data_dir, self.spec.item.side_table))] = None
+        new = [f for f in self._unchecked if f not in self._named_unchecked]
+        if new and self._is_first_rank():
+            log.warning(unchecked_warning(new, self.data_dir))
+        self._named_unchecked.update(new)
 
     def has_split(self, split: str) -> bool:
         return bool(find_split_files(self.data_dir, split))
@@ -347,8 +366,11 @@ class RecDataModule(pl.LightningDataModule):
         files = list_split_files(self.data_dir, split)
         first: tuple[Path, dict[str, str]] | None = None
         for f in files:
-            schema = read_footer(str(f)).schema.to_arrow_schema()
+            meta = read_footer(str(f))
+            schema = meta.schema.to_arrow_schema()
             check_schema(self.spec, schema, Where(str(f)))
+            if self.verify_checksums and not has_page_checksums(f, meta):
+                self._unchecked[str(f)] = None
             kinds = key_kinds(self.spec, schema)
             first = first or (f, kinds)
             wrong = [k for k in kinds if kinds[k] != first[1][k]]

@@ -298,7 +298,12 @@ class ParquetStream(IterableDataset):
         try:
             pf = self._open(g.file)
             table = pf.read_row_group(g.index, columns=self.spec.columns(), use_threads=False)
+        except storage.StorageError:
+            raise
         except (OSError, ValueError) as e:
+            said = storage.failure(e, path)
+            if said is not None:  # the store, not the file: a retry may read it
+                raise storage.StorageError(f"{where}: {said.removeprefix(str(path) + ': ')}") from None
             if getattr(e, "errno", None) == errno.EMFILE or "Too many open files" in str(e):
                 raise DataError(
                     f"{where}: could not open ({e}); this process has run out of file descriptors "
@@ -316,7 +321,10 @@ class ParquetStream(IterableDataset):
     def _bad_column(self, g: RowGroup) -> str:
         """`` column 'x'``: the first spec column of row group ``g`` that fails to read on its own
         (a page whose checksum or compressed data is damaged), or "" if none does alone."""
-        pf = self._open(g.file)
+        try:
+            pf = self._open(g.file)
+        except (OSError, ValueError):
+            return ""
         for column in self.spec.columns():
             try:
                 pf.read_row_group(g.index, columns=[column], use_threads=False)

@@ -89,6 +89,8 @@ def read_footer(path: str) -> pq.FileMetaData:  # a local path or a URI
     """The footer of ``path``, or an error saying the file is truncated or not Parquet."""
     try:
         return storage.open_parquet(path).metadata
+    except storage.StorageError:
+        raise
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 

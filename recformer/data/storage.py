@@ -13,22 +13,81 @@ Credentials and endpoints come from the environment as the file system reads the
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` for an
 S3-compatible server). ``recformer data build`` reads event URIs through polars, which reads the
 same variables (plus ``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint).
+
+A store that refuses or cannot be reached (access denied, the endpoint down or gone mid-epoch, a
+bucket that does not exist) is a ``StorageError``: one line naming the URI, what the store said and
+what to check, never a "truncated or corrupt file" (``failure`` tells them apart).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from recformer.batch import DataError
+
 LOCAL_FOLDERS = ("vocab",)
 """What ``localize`` copies besides spec.yaml and the side table the spec names."""
+
+
+class StorageError(DataError):
+    """The object store refused or could not be reached: not the data's fault, and not a bug."""
+
+
+_FAILURES = (
+    (
+        ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "Forbidden"),
+        "access denied; check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) "
+        "and the bucket's policy",
+    ),
+    (
+        ("NETWORK_CONNECTION", "Could not connect", "curlCode", "Connection refused", "timed out"),
+        "the store cannot be reached{endpoint}; check the endpoint and the network, then run again",
+    ),
+    (("NO_SUCH_BUCKET", "NoSuchBucket"), "the bucket does not exist{endpoint}"),
+)
+"""What pyarrow's file systems say (their messages carry the AWS SDK's error names) and the line
+recformer says instead."""
+
+
+def _endpoint() -> str:
+    url = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    return f" at {url} (AWS_ENDPOINT_URL)" if url else ""
+
+
+def failure(error: BaseException, uri: str | Path) -> str | None:
+    """One line for ``error`` raised reading ``uri`` when it is the store failing (refused,
+    unreachable, no bucket); None for anything else (a missing key, a corrupt file, a local one)."""
+    if not is_uri(uri) or not isinstance(error, OSError) or isinstance(error, FileNotFoundError):
+        return None
+    text = " ".join(str(error).split())
+    for markers, said in _FAILURES:
+        if any(m in text for m in markers):
+            sdk = text[text.find("AWS Error") :] if "AWS Error" in text else text
+            return f"{uri}: {said.format(endpoint=_endpoint())} ({sdk[:200]})"
+    return None
+
+
+@contextlib.contextmanager
+def store_errors(uri: str | Path) -> Iterator[None]:
+    """Turn the store failing on ``uri`` into a ``StorageError`` with its one line."""
+    try:
+        yield
+    except OSError as e:
+        said = failure(e, uri)
+        if said is None:
+            raise
+        raise StorageError(said) from None
 
 
 def is_uri(path: str | Path) -> bool:
@@ -67,7 +126,10 @@ def list_files(uri: str) -> list[str]:
     """Every file under the URI folder ``uri`` at any depth, as sorted URIs; [] when there is none."""
     fs, path = resolve(uri)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        with store_errors(uri):
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except StorageError:
+        raise
     except OSError as e:
         raise FileNotFoundError(f"{uri}: cannot list it ({e})") from None
     scheme = uri.split("://", 1)[0]
@@ -87,27 +149,38 @@ def open_parquet(path: str | Path, **kwargs) -> pq.ParquetFile:
     are read by range)."""
     if is_uri(path):
         fs, p = resolve(str(path))
-        return pq.ParquetFile(fs.open_input_file(p), **kwargs)
+        with store_errors(path):
+            return pq.ParquetFile(fs.open_input_file(p), **kwargs)
     return pq.ParquetFile(path, **kwargs)
 
 
 def read_table(path: str | Path, **kwargs) -> pa.Table:
     if is_uri(path):
         fs, p = resolve(str(path))
-        return pq.read_table(p, filesystem=fs, **kwargs)
+        with store_errors(path):
+            return pq.read_table(p, filesystem=fs, **kwargs)
     return pq.read_table(path, **kwargs)
 
 
 def localize(root: str) -> Path:
     """A private local folder holding ``root``'s spec.yaml, vocab/ and the side table the spec
     names (the files opened by path); removed when the process exits."""
-    import yaml
-
     fs, base = resolve(root)
     local = Path(tempfile.mkdtemp(prefix="recformer-data-"))
     atexit.register(shutil.rmtree, local, ignore_errors=True)
+    with store_errors(f"data.data_dir={root}"):
+        _localize(fs, root, base, local)
+    return local
+
+
+def _localize(fs: pafs.FileSystem, root: str, base: str, local: Path) -> None:
+    import yaml
+
     spec = f"{base.rstrip('/')}/spec.yaml"
     if fs.get_file_info(spec).type != pafs.FileType.File:
+        bucket = base.split("/", 1)[0]
+        if not root.startswith("file:") and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise StorageError(f"data.data_dir={root}: the bucket {bucket!r} does not exist{_endpoint()}")
         raise FileNotFoundError(
             f"data.data_dir={root}: no spec.yaml there; expected a data folder (spec.yaml beside train/, "
             "val/, test/) as `recformer data build` or `recformer data movielens` writes it"
@@ -127,7 +200,6 @@ def localize(root: str) -> Path:
             for f in fs.get_file_info(pafs.FileSelector(src, recursive=True)):
                 if f.type == pafs.FileType.File:
                     _copy(fs, f.path, local / rel / f.path[len(src) + 1 :])
-    return local
 
 
 def _copy(fs: pafs.FileSystem, src: str, dst: Path) -> None:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recformer.batch import DataError
-from recformer.config import CategoricalField, FeatureSpec
+from recformer.config import VOCAB_DIGEST, CategoricalField, FeatureSpec
 
 VALUE = "value"
 """The column of a vocabulary file holding the raw values, in id order."""
@@ -54,6 +54,31 @@ def digest(values: pa.Array) -> str:
     """A short digest of a vocabulary's values in order (what ``FeatureDims.encoding`` keeps)."""
     text = "\n".join(str(v) for v in values.to_pylist())
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _id_fields(spec: FeatureSpec) -> list[CategoricalField]:
+    """Every categorical field (context, history event, item side feature, bag)."""
+    events = spec.sequence.categorical if spec.sequence else []
+    return [*spec.categorical, *events, *spec.item.features, *spec.bags]
+
+
+def vocab_files(spec: FeatureSpec) -> list[str]:
+    """Every ``vocab_file`` the spec names (relative to it), the item's last."""
+    files = [f.vocab_file for f in _id_fields(spec) if f.vocab_file is not None]
+    return files + ([spec.item.vocab_file] if spec.item.vocab_file is not None else [])
+
+
+def encodings(spec: FeatureSpec) -> dict[str, str]:
+    """``FeatureDims.encoding`` of ``spec`` with its vocabulary files read: each dense column's
+    normalisation and each vocabulary's digest (a file's order decides which row a raw value
+    reads, as a list's does)."""
+    out = spec.encoding()
+    for f in _id_fields(spec):
+        if f.vocab_file is not None:
+            out[f.name] = VOCAB_DIGEST + digest(field_vocab(spec, f))
+    if spec.item.vocab_file is not None:
+        out[spec.item.column] = VOCAB_DIGEST + digest(item_vocab(spec))
+    return out
 
 
 @functools.lru_cache(maxsize=64)

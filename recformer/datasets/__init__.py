@@ -7,6 +7,8 @@ Parquet folders that ``recformer/data/`` (the runtime loader) reads.
   (``recformer data synth``).
 - ``embed_items``: text embeddings of every MovieLens movie, the committed content table that
   ``movielens`` attaches (``recformer data embed-items``).
+- ``checksum``: rewrites Parquet files that lack page checksums with them, data unchanged
+  (``recformer data checksum``).
 - ``summary``: files, row groups, rows, positive rate and list lengths of a prepared folder, checked
   as the loader checks it (``recformer data summary``).
 

@@ -14,9 +14,12 @@ dense, vectors, history attributes or item content. Output, as ``recformer data 
 
 How (memory stays flat as the log grows; ``bench/bench_build.py`` measures it):
 
+0. *Out*: ``--out`` is checked first (``outdir.py``): never an input or a folder around one, and
+   replaced only when an earlier build wrote every file in it.
 1. *Check*: one streaming polars query over the events counts, per column, the nulls, the labels
-   outside {0, 1} (or [0, 1]), the times that do not parse, the negative weights and the non-finite
-   dense values. Any of them is an error naming the column, the count and examples; nothing is
+   outside {0, 1} (or [0, 1]), the times that do not parse or fall outside ``limits``, the negative,
+   non-finite or too large weights and the non-finite or float32-overflowing dense values
+   (``ranges.py``). Any of them is an error naming the column, the count and examples; nothing is
    written.
 2. *Partition*: a streaming polars sink writes the events, typed (time in int64 seconds), into
    ``ceil(rows / bucket_rows)`` buckets by a hash of the user id (a user's events share a bucket).
@@ -60,7 +63,9 @@ import yaml
 
 from recformer.data import storage
 from recformer.data.schema import CHECKSUMS, required
-from recformer.datasets.build_config import TIME_UNITS, BuildConfig, SideTable
+from recformer.datasets import outdir
+from recformer.datasets.build_config import TIME_UNITS, BuildConfig, BuildError, SideTable, seconds
+from recformer.datasets.ranges import range_problems
 from recformer.datasets.vocab import fit as fit_vocabularies
 
 # polars is imported inside the functions that use it: a process that imports this module (the
@@ -75,10 +80,6 @@ EID, BUCKET, SPLIT = "_eid", "_b", "_split"
 MAX_EXAMPLES = 3
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 CSV_INFER_ROWS = 10_000
-
-
-class BuildError(ValueError):
-    """Bad input: the message names the file or setting, the column, the count and examples."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,17 +161,6 @@ def _seconds(cfg: BuildConfig, dtype: Any):
     raise BuildError(
         f"columns.time={cfg.columns.time!r} has type {dtype}; expected integer, date-time or string"
     )
-
-
-def _time_cut(value: str | int, setting: str) -> int:
-    if isinstance(value, int):
-        return value
-    import polars as pl
-
-    got = pl.Series([str(value)]).str.to_datetime(strict=False).dt.epoch("s")[0]
-    if got is None:
-        raise BuildError(f"split.{setting}={value!r} is not seconds or an ISO date")
-    return int(got)
 
 
 @dataclass
@@ -268,7 +258,7 @@ def _value_problems(cfg: BuildConfig, schema: Any, wanted: dict[str, str], ts: A
         problems.append(
             (f"column {n!r} (features.dense) has non-finite values", ~pl.col(n).cast(pl.Float64).is_finite())
         )
-    return problems
+    return problems + range_problems(cfg, ts)
 
 
 def _refuse_problems(lf, problems: list, what: str) -> int:
@@ -820,16 +810,16 @@ def build(
 
     t0 = time.perf_counter()
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise BuildError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
     locations = [cfg.resolve(e) for e in cfg.events]
+    sides = [cfg.resolve(t.path) for t in (cfg.items, cfg.users) if t is not None]
+    outdir.check(out, outdir.input_paths([*locations, *sides, *([cfg.path] if cfg.path else [])]), overwrite)
     what = f"events {locations[0]}" + (f" (+{len(locations) - 1} more)" if len(locations) > 1 else "")
     lf, files = scan(locations, what)
     events, cols, rows = typed_events(cfg, lf, what)
     cols.dtypes = dict(events.collect_schema())
     cols.vector_dims = embedding_dims(events, cfg.features.embedding, what)
     counts = Counts(events=rows, buckets=max(1, math.ceil(rows / cfg.bucket_rows)))
-    staging = out.parent / f".{out.name}.building"
+    staging = outdir.staging_of(out)
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "_tmp").mkdir(parents=True)
     steps = 2 + counts.buckets * (2 + ("item" in cfg.features.priors))
@@ -862,9 +852,7 @@ def build(
         "mapping": asdict(cfg),
     }
     (staging / "build.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+    outdir.replace(staging, out)
     return report
 
 
@@ -872,7 +860,8 @@ def _cuts(cfg: BuildConfig) -> tuple[int, int] | None:
     """``split.by: time``: the val and test starts in seconds."""
     if cfg.split.by != "time":
         return None
-    cuts = (_time_cut(cfg.split.val_start, "val_start"), _time_cut(cfg.split.test_start, "test_start"))
+    split = cfg.split
+    cuts = (seconds(split.val_start, "split.val_start"), seconds(split.test_start, "split.test_start"))
     if cuts[1] < cuts[0]:
         raise BuildError(
             f"split.test_start ({cfg.split.test_start}) is before split.val_start ({cfg.split.val_start})"
@@ -998,6 +987,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import polars as pl
 
+    cfg = None
     try:
         cfg = BuildConfig.load(args.mapping)
         if args.events:
@@ -1015,6 +1005,13 @@ def run(args: argparse.Namespace) -> int:
             "reads as the first rows' type: convert the file to Parquet, or fix the column",
             file=sys.stderr,
         )
+        return 2
+    except OSError as e:  # polars reading s3:// events: the store refusing or out of reach
+        uris = [x for x in (cfg.events if cfg is not None else []) if storage.is_uri(x)]
+        said = storage.failure(e, uris[0]) if uris else None
+        if said is None:
+            raise
+        print(f"recformer data build: error: events {said}", file=sys.stderr)
         return 2
     print(summary_text(report, args.out))
     return 0

@@ -22,6 +22,7 @@ A short YAML file (every key below; ``configs/data/build-example.yaml`` is a com
     split: {by: user, val: 0.1, test: 0.1, min_events: 10}   # or {by: time, val_start: ..., test_start: ...}
     max_len: 50
     duplicates: error                    # or drop: one row per (user, item, time) kept, counted
+    limits: {time_min: 1970-01-01, time_max: 2100-01-01, weight_max: 1000000}  # values outside: refused
 
 Everything is checked when the file loads, with the key named; the columns themselves are checked
 against the data by the builder (``build.py``) before anything is written.
@@ -43,6 +44,10 @@ TIME_FEATURES = ("hour", "dow")
 PRIORS = ("user", "item")
 
 
+class BuildError(ValueError):
+    """Bad input: the message names the file or setting, the column, the count and examples."""
+
+
 def _strict(cls: type, raw: Any, where: str) -> Any:
     """``cls`` from a mapping (``config._coerce``: unknown keys named), with a missing key or a
     refused value named by its setting (``columns: ...``)."""
@@ -50,6 +55,22 @@ def _strict(cls: type, raw: Any, where: str) -> Any:
         return _coerce(cls, raw)
     except (TypeError, ValueError) as e:  # TypeError: a required key missing
         raise ValueError(f"{where}: {e}") from None
+
+
+def seconds(value: str | int, setting: str) -> int:
+    """``value`` (seconds since 1970, or an ISO date or date-time) in seconds since 1970; an error
+    naming ``setting`` when it is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    import polars as pl
+
+    try:  # polars cannot infer a format from one value that is no date at all
+        got = pl.Series([str(value)]).str.to_datetime(strict=False).dt.epoch("s")[0]
+    except pl.exceptions.PolarsError:
+        got = None
+    if got is None:
+        raise ValueError(f"{setting}={value!r} is not seconds or an ISO date")
+    return int(got)
 
 
 def _names(value: Any, setting: str) -> list[str]:
@@ -203,6 +224,30 @@ class Split:
 
 
 @dataclass
+class Limits:
+    """Ranges outside which a value is a mistake rather than data: the build refuses such values,
+    with the column, the count and examples (``ranges.py``)."""
+
+    time_min: str | int = "1970-01-01"
+    """Earliest event time (ISO date or seconds since 1970); a time of -5 is an export bug."""
+    time_max: str | int = "2100-01-01"
+    """Events at or after it are refused: milliseconds read as seconds land in the year 50000."""
+    weight_max: float = 1.0e6
+    """Largest per-event weight; 3e38 would make the weighted loss inf, one row would outweigh a log."""
+
+    def __post_init__(self) -> None:
+        try:  # YAML reads 1.0e6 (no sign in the exponent) as a string
+            self.weight_max = float(self.weight_max)
+        except (TypeError, ValueError):
+            raise ValueError(f"weight_max={self.weight_max!r}: expected a number") from None
+        lo, hi = seconds(self.time_min, "time_min"), seconds(self.time_max, "time_max")
+        if not lo < hi:
+            raise ValueError(f"time_min={self.time_min!r} must be before time_max={self.time_max!r}")
+        if not 0 < self.weight_max <= 3.4e38:
+            raise ValueError(f"weight_max={self.weight_max} must be > 0 and a float32 (<= 3.4e38)")
+
+
+@dataclass
 class BuildConfig:
     """The whole mapping (module docstring)."""
 
@@ -234,6 +279,8 @@ class BuildConfig:
     """Events per user bucket: the unit of work, and what bounds the builder's memory."""
     row_group_rows: int = 4096
     """Rows per Parquet row group written (the loader's unit of reading and shuffling)."""
+    limits: Limits = field(default_factory=Limits)
+    """Event times and weights outside these are refused."""
     path: str | None = None
     """Where the mapping was loaded from (event paths are relative to it)."""
 
@@ -245,6 +292,7 @@ class BuildConfig:
         self.time = _strict(TimeFormat, self.time or {}, "time")
         self.features = _strict(Features, self.features or {}, "features")
         self.split = _strict(Split, self.split or {}, "split")
+        self.limits = _strict(Limits, self.limits or {}, "limits")
         self.items = _strict(SideTable, self.items, "items") if self.items is not None else None
         self.users = _strict(SideTable, self.users, "users") if self.users is not None else None
         if self.users is not None and self.users.content is not None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from recformer.lab.grids import list_grids, load_grid
 from recformer.lab.report import report
-from recformer.lab.runner import run_grid, run_point
+from recformer.lab.runner import BUSY, run_grid, run_point
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,7 +81,9 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--index {a.index}; the grid has points 0 to {len(points) - 1}")
         r = run_point(grid, points[a.index], out, max(1, os.cpu_count() or 1))
         print(f"{r['point']}: {r['status']} ({r['seconds']:.0f} s)")
-        return 1 if r["status"] == "failed" else 0
+        if r["status"] == BUSY:
+            print(f"recformer lab: {r['error']}", file=sys.stderr)
+        return 1 if r["status"] in ("failed", BUSY) else 0
     print(f"{title}: {len(points)} points, {a.jobs} at a time, in {out}")
     results = run_grid(grid, out, a.jobs)
     for path in report(out, grid.plots, title, grid.best, names):
@@ -90,5 +93,7 @@ def main(argv: list[str]) -> int:
         print(
             f"recformer lab: {len(failed)} point(s) failed (errors in their point.json): {', '.join(failed)}"
         )
-        return 1
-    return 0
+    for r in results:
+        if r["status"] == BUSY:  # not run: another live process is running it
+            print(f"recformer lab: {r['error']}", file=sys.stderr)
+    return 1 if failed or any(r["status"] == BUSY for r in results) else 0

@@ -4,9 +4,12 @@ points at a time, each summarised from its metrics when it ends.
 
 A point is finished when its run folder holds ``point.json``; ``lab run`` again keeps those and
 reruns the rest from scratch (a half-written folder is removed first), so an interrupted grid
-resumes. A point that diverges (the module stops it after ``optim.max_nonfinite_steps`` non-finite
-steps in a row) is a result, recorded as ``diverged``; any other failure is recorded as ``failed``
-with the end of its stderr, and ``lab run`` exits non-zero after the other points.
+resumes. A point's fit dies with the runner, even one killed with SIGKILL (``recformer.lifeline``),
+and while it runs the runner holds the point's writer lock (``recformer.writer_lock``), passed on to
+the fit: a second ``lab run`` finds the point ``busy`` (its writer named) and leaves it alone. A
+point that diverges (the module stops it after ``optim.max_nonfinite_steps`` non-finite steps in a
+row) is a result, recorded as ``diverged``; any other failure is recorded as ``failed`` with the end
+of its stderr; ``lab run`` exits non-zero after the other points when a point failed or was busy.
 """
 
 from __future__ import annotations
@@ -28,8 +31,12 @@ from typing import Any
 
 from recformer.lab.grids import REPO_ROOT, Grid, Point
 from recformer.lab.summary import summarize
+from recformer.lifeline import child_env
+from recformer.writer_lock import WriterAlive, hold
 
 POINT_FILE = "point.json"
+BUSY = "busy"
+"""The status of a point another live process is running (its writer lock is held): not run."""
 DIVERGED = "the run diverged"
 """What the module's non-finite stop says (``RankerModule._skip_nonfinite_step``)."""
 
@@ -60,7 +67,7 @@ def data_dir(grid: Grid, point: Point, out: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             cmd = [sys.executable, "-m", "recformer", "data", "synth", "--out", str(tmp)]
             cmd += [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=child_env())
             if proc.returncode != 0:
                 raise RuntimeError(f"lab data of {grid.name}: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             if path.exists() and not (path / "spec.yaml").is_file():
@@ -106,16 +113,39 @@ def _loggers(grid: Grid, point: Point, out: Path) -> Path:
 
 
 def run_point(grid: Grid, point: Point, out: Path, threads: int) -> dict[str, Any]:
+    """Point ``point``'s result: its ``point.json`` when finished, else its fit run now (from
+    scratch) under the point's writer lock; ``busy``, written nowhere, while another live process
+    holds that lock."""
+    folder = out / "points" / point.name
+    try:
+        lock = hold(folder, f"lab point {point.name}:")
+    except WriterAlive as e:
+        return {
+            "point": point.name,
+            "labels": point.labels,
+            "status": "busy",
+            "seconds": 0.0,
+            "error": str(e),
+        }
+    try:
+        done = folder / "version_0" / POINT_FILE
+        if done.is_file():
+            return json.loads(done.read_text())
+        return _run_fit(grid, point, out, threads, lock)
+    finally:
+        os.close(lock)
+
+
+def _run_fit(grid: Grid, point: Point, out: Path, threads: int, lock: int) -> dict[str, Any]:
+    """The point's ``recformer fit``, started afresh (a half-written folder removed first) as a
+    child that dies with this process and holds the point's lock too, then summarised."""
     run_dir = out / "points" / point.name / "version_0"
-    done = run_dir / POINT_FILE
-    if done.is_file():
-        return json.loads(done.read_text())
-    shutil.rmtree(run_dir.parent, ignore_errors=True)  # a point interrupted half-way starts again
+    shutil.rmtree(run_dir, ignore_errors=True)  # a point interrupted half-way starts again
     data = data_dir(grid, point, out)
     cmd = command(grid, point, data, out)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = child_env({**os.environ, "OMP_NUM_THREADS": str(threads)})
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env, pass_fds=(lock,))
     seconds = time.perf_counter() - start
     status = "ok" if proc.returncode == 0 else ("diverged" if DIVERGED in proc.stderr else "failed")
     result = {
@@ -138,7 +168,7 @@ def run_point(grid: Grid, point: Point, out: Path, threads: int) -> dict[str, An
     if status == "failed":
         result["error"] = proc.stderr[-2000:]
     run_dir.mkdir(parents=True, exist_ok=True)
-    done.write_text(json.dumps(result, indent=2))
+    (run_dir / POINT_FILE).write_text(json.dumps(result, indent=2))
     return result
 
 
