@@ -262,41 +262,63 @@ def report(results: list[dict], tests: list[dict], archs: list[str], reference: 
         )
 
 
-def markdown(out: Path, archs: list[str], reference: str) -> str:
-    """The README's quality table from the stages' JSON files (``--stage report``)."""
+def _load_stages(out: Path) -> tuple[list[dict], list[dict], dict, dict]:
+    """final.json, paired.json, chosen.json and throughput.json's models (empty when not run)."""
     final_rows = json.loads((out / "final.json").read_text())
     tests = json.loads((out / "paired.json").read_text())
     chosen = json.loads((out / "chosen.json").read_text())
-    tuned = json.loads((out / "tuning.json").read_text())
-    speed = (
-        json.loads((out / "throughput.json").read_text())["models"]
-        if (out / "throughput.json").is_file()
-        else {}
+    speed_path = out / "throughput.json"
+    speed = json.loads(speed_path.read_text())["models"] if speed_path.is_file() else {}
+    return final_rows, tests, chosen, speed
+
+
+def _model_row(arch: str, rs: list[dict], setting: dict, speed: dict) -> str:
+    """One model's line of the table: its runs over the seeds (``rs``, seed order)."""
+    aucs, gaucs = [r["auc"] for r in rs], [r["gauc"] for r in rs]
+    sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
+    half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
+    chosen = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in setting.items())
+    sps = f"{speed[arch]['samples_per_s']:,.0f}" if arch in speed else "-"
+    peaks = "/".join(str(r["best_epoch"]) for r in rs)
+    capped = sum(bool(r.get("hit_cap")) for r in rs)
+    val_auc, val_gauc = (statistics.mean(r[k] for r in rs) for k in ("val_auc", "val_gauc"))
+    return (
+        f"| {arch} | {chosen} | {peaks} | {capped}/{len(rs)} | {val_auc:.4f} "
+        f"| {val_gauc:.4f} | {statistics.mean(aucs):.4f} ± {sd:.4f} "
+        f"| {half:.4f} | {statistics.mean(gaucs):.4f} ({min(gaucs):.4f}) "
+        f"| {statistics.mean(r['logloss'] for r in rs):.4f} | {sps} |"
     )
+
+
+def markdown(out: Path, archs: list[str], reference: str) -> str:
+    """The README's quality table from the stages' JSON files (``--stage report``): per model its
+    chosen setting, the epoch each seed's best validation came at and how many runs reached the
+    epoch cap, mean validation AUC and GAUC (the checkpoints kept), test AUC, GAUC and logloss;
+    then each seed's test GAUC and the paired DeLong tests."""
+    final_rows, tests, chosen, speed = _load_stages(out)
+    by_arch = {a: sorted((r for r in final_rows if r["arch"] == a), key=lambda r: r["seed"]) for a in archs}
     lines = [
-        "| model | chosen on validation | val AUC | test AUC (mean ± sd) | CI half-width | GAUC mean (min) "
-        "| logloss | train samples/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | chosen on validation | peak epoch per seed | hit the cap | val AUC | val GAUC "
+        "| test AUC (mean ± sd) | CI half-width | test GAUC mean (min) | logloss | train samples/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for arch in archs:
-        rs = [r for r in final_rows if r["arch"] == arch]
-        aucs, gaucs = [r["auc"] for r in rs], [r["gauc"] for r in rs]
-        sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
-        half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
-        setting = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in chosen[arch].items())
-        val = max(r["val_auc"] for r in tuned if r["arch"] == arch and r["setting"] == chosen[arch])
-        sps = f"{speed[arch]['samples_per_s']:,.0f}" if arch in speed else "-"
-        ll = statistics.mean(r["logloss"] for r in rs)
-        lines.append(
-            f"| {arch} | {setting} | {val:.4f} | {statistics.mean(aucs):.4f} ± {sd:.4f} | {half:.4f} "
-            f"| {statistics.mean(gaucs):.4f} ({min(gaucs):.4f}) | {ll:.4f} | {sps} |"
-        )
+    lines += [_model_row(a, by_arch[a], chosen[a], speed) for a in archs]
+    seeds = sorted({r["seed"] for r in final_rows})
+    lines += ["", "Test GAUC per seed (" + " / ".join(str(s) for s in seeds) + "):", ""]
+    head = [" | ".join(f"seed {s}" for s in seeds) + " |", "| --- |" + " --- |" * len(seeds)]
+    lines += ["| model | " + head[0], head[1]]
+    for a in archs:
+        lines.append(f"| {a} | " + " | ".join(f"{r['gauc']:.4f}" for r in by_arch[a]) + " |")
     lines += ["", f"Paired DeLong tests, AUC({reference}) - AUC(baseline), on the same test rows:", ""]
-    for t in tests:
-        lines.append(
-            f"- {t['baseline']}, seed {t['seed']}: {t['diff']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}], "
-            f"p = {t['p_value']:.2g}"
-        )
+    lines += ["| baseline | " + head[0], head[1]]
+    for b in [a for a in archs if a != reference]:
+        cells = [
+            f"{t['diff']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}]"
+            for s in seeds
+            for t in tests
+            if t["baseline"] == b and t["seed"] == s
+        ]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     return text
