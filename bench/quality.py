@@ -319,9 +319,40 @@ def markdown(out: Path, archs: list[str], reference: str) -> str:
             if t["baseline"] == b and t["seed"] == s
         ]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    lines += ["", *targets(by_arch, tests, reference)]
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     return text
+
+
+def targets(by_arch: dict[str, list[dict]], tests: list[dict], reference: str) -> list[str]:
+    """Issue 29's targets per seed: the reference's test GAUC against popularity's + 0.02 and the
+    best baseline's + 0.005; its test AUC against the best baseline's + 0.005 with the paired
+    interval above zero; its mean validation AUC against every baseline's."""
+    ref = by_arch.get(reference, [])
+    others = {a: rs for a, rs in by_arch.items() if a != reference and rs}
+    if not ref or not others:
+        return []
+    out = ["Targets (test, per seed; the best baseline by that seed's value):", ""]
+    for r in ref:
+        seed = r["seed"]
+        mine = {a: next(x for x in rs if x["seed"] == seed) for a, rs in others.items()}
+        g_best = max(mine, key=lambda a: mine[a]["gauc"])
+        a_best = max(mine, key=lambda a: mine[a]["auc"])
+        pop = mine.get("popularity")
+        t = next((t for t in tests if t["baseline"] == a_best and t["seed"] == seed), None)
+        out.append(
+            f"- seed {seed}: GAUC {r['gauc']:.4f}"
+            + (f", popularity + {r['gauc'] - pop['gauc']:+.4f} (target +0.02)" if pop else "")
+            + f", {g_best} + {r['gauc'] - mine[g_best]['gauc']:+.4f} (target +0.005); AUC {a_best} + "
+            f"{r['auc'] - mine[a_best]['auc']:+.4f} (target +0.005)"
+            + (f", paired interval [{t['lo']:+.4f}, {t['hi']:+.4f}]" if t else "")
+        )
+    val = {a: statistics.mean(x["val_auc"] for x in rs) for a, rs in [(reference, ref), *others.items()]}
+    best = max(others, key=lambda a: val[a])
+    said = f"{reference} {val[reference]:.4f}, best baseline {best} {val[best]:.4f}"
+    out.append(f"- mean validation AUC: {said}")
+    return out
 
 
 def _merge(path: Path, rows: list[dict]) -> None:
