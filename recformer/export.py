@@ -41,6 +41,7 @@ from torch import nn
 
 from recformer.batch import FIELDS, Batch, DataError
 from recformer.data.encode import manifest_entry
+from recformer.version import version
 
 FORMATS = {"torch-export": "model.pt2", "onnx": "model.onnx"}
 """Each format and its file in the artifact."""
@@ -210,7 +211,7 @@ def _manifest(module: Any, ckpt: Path, example: tuple[torch.Tensor, ...]) -> dic
         "model": dict(module.hparams),
         "checkpoint": {"file": str(ckpt), "sha256": sha256(ckpt)},
         "encodings": "encodings/ (spec.yaml, vocab/): ids as vocabulary row + 1 (0 = OOV), dense normalised",
-        "versions": {"torch": torch.__version__, "recformer": _version()},
+        "versions": {"torch": torch.__version__, "recformer": version()},
         "encoder": manifest_entry(None),  # its constants (the time-gap unit), read by recformer serve
     }
 
@@ -314,12 +315,6 @@ def add_item_ids(out: Path, raw_items: Any, manifest: dict[str, Any]) -> None:
     write_item_ids(raw_items, out / "encodings" / ITEM_IDS)
     manifest["encoder"] = manifest_entry(ITEM_IDS)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-
-
-def _version() -> str:
-    from recformer.__main__ import version
-
-    return version()
 
 
 def main(argv: list[str] | None = None) -> int:
