@@ -399,7 +399,7 @@ def test_a_csv_column_changing_type_is_one_line_not_a_traceback(tmp_path, capsys
     (tmp_path / "e.csv").write_text("\n".join(rows) + "\n")
     raw = {"events": "e.csv", "columns": {"user": "uid", "item": "iid", "time": "ts", "label": "click"}}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
-    import recformer.datasets.build as b
+    import recformer.datasets.build_events as b
 
     old, b.CSV_INFER_ROWS = b.CSV_INFER_ROWS, 10  # polars types the column from its first 10 rows
     try:

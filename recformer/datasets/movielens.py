@@ -61,8 +61,10 @@ import pyarrow.parquet as pq
 from recformer.config import CategoricalField, DenseField, FeatureSpec, ItemSpec, SequenceSpec
 from recformer.data.schema import CHECKSUMS, required
 from recformer.data.shards import refuse_foreign_parquet, remove_own_parts
-from recformer.datasets.build import EID, SPLIT, EventColumns, build, order_and_split
+from recformer.datasets.build import build
 from recformer.datasets.build_config import BuildConfig, Columns, Features, Split
+from recformer.datasets.build_events import EID, SPLIT, EventColumns
+from recformer.datasets.build_split import order_and_split
 from recformer.datasets.vocab import fit_column
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
