@@ -192,7 +192,7 @@ def format_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recformer evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument("--data", required=True, help="data directory with spec.yaml and the split folder")
@@ -220,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not log the results to the W&B run of the checkpoint's run folder (its wandb.json)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
         if value < least:
