@@ -8,6 +8,7 @@ trainer defaults (loggers, checkpoints, callbacks) and is applied first when it 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -62,9 +63,32 @@ KNOWN_FALSE_ALARMS = (
 the rest are left alone."""
 
 
+NOT_FIT_FALSE_ALARMS = (
+    # validate / test / predict drop the ModelCheckpoint callbacks on purpose (they never save outside
+    # fit; RecformerCLI.instantiate_trainer), so the checkpoint's state for them has no taker.
+    r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided",
+)
+"""Lightning warnings that every validate, test and predict from a checkpoint prints; in a fit the
+same warning means a callback went missing, and is left alone."""
+
+
+class _NoAdvert(logging.Filter):
+    """Drops Lightning's "Tip: ... try installing litlogger" line, printed at every Trainer's start:
+    an advertisement, not something about the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("\N{ELECTRIC LIGHT BULB} Tip:")
+
+
 def quiet_known_false_alarms() -> None:
     for message in KNOWN_FALSE_ALARMS:
         warnings.filterwarnings("ignore", message=message)
+    import lightning_utilities.core.rank_zero as rank_zero
+
+    # rank_zero_info logs through whichever logger Lightning last set there (its own module's).
+    for logger in {rank_zero.log, logging.getLogger("lightning.pytorch.utilities.rank_zero")}:
+        if not any(isinstance(f, _NoAdvert) for f in logger.filters):
+            logger.addFilter(_NoAdvert())
 
 
 _NEW_RUN_DIRS: list[Path] = []
@@ -142,6 +166,20 @@ def remove_runs_without_result() -> None:
                 folder = getattr(logger, "run_folder", None)
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
+                    remove_links_into(folder.parent, folder)
+
+
+def remove_links_into(parent: Path, removed: Path) -> None:
+    """The symbolic links in ``parent`` that point into the removed folder ``removed``: W&B's
+    ``latest-run``, ``debug.log`` and ``debug-internal.log`` beside its run folders. Links to
+    another run (a later one's, started meanwhile) stay."""
+    for link in parent.iterdir() if parent.is_dir() else []:
+        if not link.is_symlink():
+            continue
+        target = Path(os.readlink(link))
+        target = target if target.is_absolute() else parent / target
+        if target == removed or removed in target.parents:
+            link.unlink(missing_ok=True)
 
 
 class LoggedSaveConfig(SaveConfigCallback):
@@ -208,16 +246,46 @@ def _plain(value: Any) -> Any:
     return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
 
 
+BATCH_COUNTS = tuple(f"trainer.limit_{stage}_batches" for stage in ("train", "val", "test", "predict"))
+"""Trainer settings where an int is a number of batches and a float a fraction of them."""
+
+
+def _batches_or_fraction(parser: LightningArgumentParser) -> None:
+    """``--trainer.limit_val_batches 1`` is one batch, as Lightning documents, not ``1.0`` (all).
+
+    Trainer annotates these ``Optional[Union[int, float]]``, but ``typing`` caches unions by equality
+    (``Union[int, float] == Union[float, int]``), so the annotation Python hands jsonargparse is
+    whichever order some earlier import spelled first: ``Union[float, int, None]`` here, and
+    jsonargparse, trying float first, reads "1" as 1.0. ``int | float | None`` is not cached that
+    way: int is tried first, and "0.5" still reads as a fraction."""
+    for action in parser._actions:
+        if action.dest in BATCH_COUNTS and hasattr(action, "_typehint"):
+            action._typehint = int | float | None
+
+
 class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
+        _batches_or_fraction(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._given_args = (
             list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         )
         self._requeue: Requeue | None = None
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            # ``recformer.__main__.main(argv)`` passes its own arguments from Python (the tests, the
+            # lab, a notebook) while sys.argv holds the caller's (pytest's): args are what count, as
+            # Lightning itself does; its warning about having both says nothing here.
+            warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with warnings.catch_warnings():
+            if subcommand != "fit":
+                for message in NOT_FIT_FALSE_ALARMS:
+                    warnings.filterwarnings("ignore", message=message)
+            super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """A checkpoint's model settings replace the config's, as Lightning's own version does, but a
@@ -488,8 +556,22 @@ def _note_resume(error: BaseException) -> None:
             error.resume_hint = resume_hint(trainer)  # type: ignore[attr-defined]
 
 
+def _describe_settings(args: list[str] | None) -> bool:
+    """``--help`` and ``--print_config`` show each setting's docstring (the line under every field
+    of the config dataclasses): jsonargparse reads them only when asked to, which costs about a
+    second of start-up, so only there."""
+    given = sys.argv[1:] if args is None else args
+    if any(a in ("-h", "--help") or a.startswith("--print_config") for a in given):
+        from jsonargparse import set_parsing_settings
+
+        set_parsing_settings(docstring_parse_attribute_docstrings=True)
+        return True
+    return False
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
     quiet_known_false_alarms()
+    described = _describe_settings(args)
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []
     try:
         return RecformerCLI(
@@ -514,6 +596,10 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
         remove_runs_without_result()
         raise
     finally:
+        if described:  # a process that goes on to run (a test, a notebook) starts as fast as before
+            from jsonargparse import set_parsing_settings
+
+            set_parsing_settings(docstring_parse_attribute_docstrings=False)
         _NEW_RUN_DIRS.clear()
         _TRAINERS.clear()
         while _LOCKS:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info
 
 from recformer.data.schema import CHECKSUMS
 
@@ -94,10 +95,23 @@ class ParquetPredictionWriter(BasePredictionWriter):
         self._rows += table.num_rows
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        if self._writer is not None:
+        wrote = self._writer is not None
+        if wrote:
             self._writer.close()
             self._writer = None
             self._partial().replace(self.path)  # complete: the final name, atomically
+        # Where the scores went, as evaluate says where its report went (rank 0 for every rank).
+        if not wrote:
+            said = (
+                f"predict scored no rows of split {trainer.datamodule.predict_split}: {self.path} not written"
+            )
+        elif trainer.world_size > 1:
+            said = (
+                f"wrote {self._rows} prediction rows to {self.path} (each other rank: its own file beside it)"
+            )
+        else:
+            said = f"wrote {self._rows} prediction rows to {self.path}"
+        rank_zero_info(said)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._writer is not None:
