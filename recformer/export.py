@@ -318,7 +318,13 @@ def add_item_ids(out: Path, raw_items: Any, manifest: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="recformer export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="recformer export",
+        description="A trained ranker as one folder a serving stack loads without recformer: the model "
+        "(torch.export and/or ONNX), the feature encodings it was trained with and a manifest. Every "
+        "export is checked against the checkpoint on every row of --split and refused if a score "
+        "differs by more than 1e-5. recformer serve runs the folder.",
+    )
     p.add_argument("--ckpt", required=True, type=Path, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument(
         "--data",
@@ -327,7 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the data the model was trained on: its encodings, and the rows to check the export on",
     )
     p.add_argument("--out", required=True, type=Path, help="the artifact folder")
-    p.add_argument("--format", nargs="+", default=["torch-export", "onnx"], choices=list(FORMATS))
+    p.add_argument(
+        "--format",
+        nargs="+",
+        default=["torch-export", "onnx"],
+        choices=list(FORMATS),
+        help="what to write: torch-export (model.pt2, for torch.export.load) and/or onnx (model.onnx, "
+        "for onnxruntime); default: both",
+    )
     p.add_argument("--split", default="test", help="split of --data the export is checked on (default: test)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing artifact folder")
     p.add_argument(

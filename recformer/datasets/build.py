@@ -182,11 +182,25 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+HELP = """Turn your own event log into a data folder recformer trains on.
+
+Reads event files (CSV or Parquet: a file, a folder, a glob or an s3:// URI) and, if you have them,
+an item table and a user table. A short YAML mapping says which column is the user, the item, the
+time, the label (or a rating and its threshold) and which columns are features. Writes train/,
+val/ and test/ Parquet files split per user or at a time, items.parquet, vocab/, spec.yaml and
+build.json into --out. Bad input (a misspelled column, labels outside 0/1, times that do not
+parse, duplicate events, an empty split) is refused with counts and examples before anything is
+written. Every key of the mapping, commented: configs/data/build-example.yaml, which runs on the
+shipped MovieLens ratings.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "build",
         help="raw events (CSV/Parquet, local or object store) + a YAML mapping -> a data folder",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("mapping", type=Path, help="the YAML mapping (configs/data/build-example.yaml)")

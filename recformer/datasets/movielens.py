@@ -517,11 +517,23 @@ def prepare(source: Path, out: Path, items_path: Path, max_len: int = 50) -> dic
 # ----------------------------------------------------------------------------------------------
 
 
+HELP = """MovieLens ratings to temporally split Parquet logs, ready to train on.
+
+One row per rating, seen as an impression: label = rating >= 4, with the user's strictly earlier
+ratings as history, the user's and the item's priors and the hour and day of week. The last tenth
+of each user's ratings is test and the tenth before it val (users with fewer than 10 ratings: all
+train). Writes train/, val/, test/, items.parquet (every movie, with its text embedding), vocab/,
+spec.yaml and GroupLens' README.txt, whose licence travels with the data. The same input always
+gives the same files.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "movielens",
         help="MovieLens CSVs -> temporally split Parquet logs, item table and spec.yaml",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="output folder (train/ val/ test/ items spec)")

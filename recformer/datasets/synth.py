@@ -321,11 +321,22 @@ def make_spec(p: SynthParams, world: SynthWorld, dense_moments: np.ndarray) -> F
     )
 
 
+HELP = """Synthetic impression logs of any size, in the same layout as real data.
+
+Rows are drawn from a latent world of users and items (taste factors, Zipf popularity, histories
+that reveal a user's taste); --order, --factors and --noise set how much a larger ranker can gain
+over a small one. Memory stays constant whatever --rows is. The same arguments give the same bytes.
+Writes train/, val/, test/, items.parquet and spec.yaml into --out, with a progress bar, and prints
+its speed and bytes per row.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth",
         help="synthetic Parquet logs of any size from a seeded latent model (streamed, constant memory)",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="output folder (train/ val/ test/ items spec)")
