@@ -317,7 +317,7 @@ def add_item_ids(out: Path, raw_items: Any, manifest: dict[str, Any]) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="recformer export",
         description="A trained ranker as one folder a serving stack loads without recformer: the model "
@@ -349,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         help="column of the item side table holding the raw item ids requests carry, when the logs' "
         "item ids are not those (MovieLens: movie_id); recformer serve maps request items through it",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     if a.out.exists() and any(a.out.iterdir()) and not a.overwrite:
         print(
             f"recformer export: --out {a.out} is not empty; pass --overwrite or choose another folder",
