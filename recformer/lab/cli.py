@@ -82,10 +82,12 @@ def main(argv: list[str]) -> int:
         print(grid_table(list_grids()))
         return 0
     if a.action == "coord-check":
-        from recformer.lab.coord import run_coord_check
+        from recformer.lab.coord import coord_table, run_coord_check
 
-        for path in run_coord_check(a.data, a.widths, a.steps, a.lr, a.out):
-            print(path)
+        paths = run_coord_check(a.data, a.widths, a.steps, a.lr, a.out)
+        print(coord_table(paths[0], a.steps))
+        for path in paths:
+            print(f"wrote {path}")
         return 0
     if a.action == "report":
         meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
@@ -100,7 +102,7 @@ def main(argv: list[str]) -> int:
     if a.count:
         print(len(points))
         return 0
-    out = a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}"
+    out = (a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     title = f"lab {grid.name} ({grid.size})"
     names = [p.name for p in points]
