@@ -58,15 +58,15 @@ from pathlib import Path
 from typing import Any
 
 from recformer.data import storage
-from recformer.datasets import outdir
+from recformer.datasets import build_events, outdir
 from recformer.datasets.build_config import BuildConfig, BuildError, seconds
 from recformer.datasets.build_events import (
-    CSV_INFER_ROWS,
     SPLITS,
     EventColumns,
     scan,
     typed_events,
 )
+from recformer.datasets.build_progress import BuildProgress
 from recformer.datasets.build_rows import write_rows
 from recformer.datasets.build_split import (
     Counts,
@@ -83,16 +83,17 @@ def build(
     cfg: BuildConfig, out: Path, overwrite: bool = False, progress: bool | None = None
 ) -> dict[str, Any]:
     """Build ``out`` from ``cfg`` (module docstring); returns build.json's content. ``progress``:
-    a progress bar on stderr (None: when stderr is a terminal)."""
-    from tqdm.auto import tqdm
-
+    a line per stage and a bar over the buckets on stderr (``BuildProgress``; None: the bar only
+    when stderr is a terminal; False: neither)."""
     t0 = time.perf_counter()
     out = Path(out)
     locations = [cfg.resolve(e) for e in cfg.events]
     sides = [cfg.resolve(t.path) for t in (cfg.items, cfg.users) if t is not None]
     outdir.check(out, outdir.input_paths([*locations, *sides, *([cfg.path] if cfg.path else [])]), overwrite)
     what = f"events {locations[0]}" + (f" (+{len(locations) - 1} more)" if len(locations) > 1 else "")
+    bar = BuildProgress(progress, stages=5 + ("item" in cfg.features.priors))
     lf, files = scan(locations, what)
+    bar.stage(f"check: every value of {len(files)} event file(s) (one streaming pass)")
     events, cols, rows = typed_events(cfg, lf, what)
     cols.dtypes = dict(events.collect_schema())
     cols.vector_dims = embedding_dims(events, cfg.features.embedding, what)
@@ -100,9 +101,7 @@ def build(
     staging = outdir.staging_of(out)
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "_tmp").mkdir(parents=True)
-    steps = 2 + counts.buckets * (2 + ("item" in cfg.features.priors))
-    disable = None if progress is None else not progress
-    bar = tqdm(total=steps, desc="data build", unit="step", disable=disable, file=sys.stderr)
+    bar.start_bar(counts.buckets * (2 + ("item" in cfg.features.priors)), counts.buckets)
     try:
         fitted = _stages(cfg, events, cols, _cuts(cfg), counts, staging, bar, what)
     except BaseException:
@@ -152,7 +151,7 @@ def _stages(
 ):
     """Stages 2-6 into ``staging``; returns the fitted vocabularies."""
     tmp, buckets = staging / "_tmp", counts.buckets
-    bar.set_postfix_str("partition")
+    bar.stage(f"partition: {counts.events:,} events into {buckets} user bucket(s)")
     partition(events, bucket_of(cols.user, buckets), tmp / "events")
     users_schema = None
     if cfg.users is not None:
@@ -160,21 +159,19 @@ def _stages(
         users_lf, _ = side_frame(cfg, cfg.users, cols.dtypes[cols.user], where)
         users_schema = dict(users_lf.collect_schema())
         partition(users_lf, bucket_of(cfg.users.id, buckets), tmp / "users")
-    bar.update(1)
-    bar.set_postfix_str("order and split")
+    bar.stage(f"order and split: {counts.events:,} events, bucket by bucket")
     first_pass(tmp, cols, cfg, cuts, buckets, counts, bar)
     refuse_bad_counts(counts, cfg, what)
     if "item" in cfg.features.priors:
-        bar.set_postfix_str("item priors")
+        bar.stage(f"item priors: {counts.events - counts.duplicates:,} events by item")
         item_priors(tmp, cols, buckets, bar)
     items = write_items(cfg, cols.dtypes[cols.item], staging) if cfg.items is not None else None
-    bar.set_postfix_str("rows")
+    split = ", ".join(f"{s} {counts.rows[s]:,}" for s in SPLITS)
+    bar.stage(f"rows: {sum(counts.rows.values()):,} with their histories ({split})")
     write_rows(cfg, cols, cuts, counts, staging, users_schema, bar)
     shutil.rmtree(tmp)
-    bar.set_postfix_str("vocabularies")
-    fitted = fit_on_train(cfg, cols, items, staging)
-    bar.update(1)
-    return fitted
+    bar.stage(f"vocabularies and dense statistics on the {counts.rows['train']:,} train rows")
+    return fit_on_train(cfg, cols, items, staging)
 
 
 def peak_rss_mib() -> float:
@@ -228,8 +225,9 @@ def run(args: argparse.Namespace) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
             f"recformer data build: error: reading the events or a side table failed ({type(e).__name__}: "
-            f"{first}); a CSV column whose values change type after the first {CSV_INFER_ROWS} rows "
-            "reads as the first rows' type: convert the file to Parquet, or fix the column",
+            f"{first}); a CSV column whose values change type after the first "
+            f"{build_events.CSV_INFER_ROWS} rows reads as the first rows' type: convert the file to "
+            "Parquet, or fix the column",
             file=sys.stderr,
         )
         return 2
