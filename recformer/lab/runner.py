@@ -67,7 +67,7 @@ def data_dir(grid: Grid, point: Point, out: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             cmd = [sys.executable, "-m", "recformer", "data", "synth", "--out", str(tmp)]
             cmd += [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
-            proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=child_env())
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
             if proc.returncode != 0:
                 raise RuntimeError(f"lab data of {grid.name}: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             if path.exists() and not (path / "spec.yaml").is_file():
@@ -146,9 +146,10 @@ def _run_fit(grid: Grid, point: Point, out: Path, threads: int, lock: int) -> di
     cmd = command(grid, point, data, out)
     env = child_env({**os.environ, "OMP_NUM_THREADS": str(threads)})
     start = time.perf_counter()
-    # Run in the grid's folder: every path the fit is given is absolute, and anything relative
-    # left in a config lands under --out, never in the folder the user started from.
-    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=env, pass_fds=(lock,))
+    # In the folder lab run was started from, as results.md's command would be run: every path the
+    # fit is given is absolute (it writes under ``out`` only), and a callback or module a grid names
+    # imports from there as it would for the user's own ``recformer fit``.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, pass_fds=(lock,))
     seconds = time.perf_counter() - start
     status = "ok" if proc.returncode == 0 else ("diverged" if DIVERGED in proc.stderr else "failed")
     result = {
