@@ -435,6 +435,10 @@ class RecformerCLI(LightningCLI):
                 "--output needs the recformer.callbacks.predictions.ParquetPredictionWriter callback"
             )
 
+    def after_predict(self) -> None:
+        for writer in (cb for cb in self.trainer.callbacks if isinstance(cb, ParquetPredictionWriter)):
+            writer.say_where()
+
     def _continue_requeued(self, trainer: Any) -> None:
         """Say what ``--ckpt_path last`` resolved to; in a continued run folder keep metrics.csv and
         health.jsonl up to the checkpoint's step (the stopped attempt may have logged past it)."""

@@ -20,6 +20,9 @@ KNOWN_FALSE_ALARMS = (
     r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
     # Lightning's own use of torch's pytree API, about to change upstream; nothing to do here.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # ParquetPredictionWriter writes each batch's own keys with its scores, never batch indices,
+    # which Lightning looks for on every predict with a batch-interval writer.
+    r"Couldn't infer the batch indices fetched from your dataloader",
 )
 """Lightning warnings that every run prints and that say nothing about the run (Lightning 2.6);
 the rest are left alone."""

@@ -98,10 +98,12 @@ def test_fit_says_how_it_ended_and_predict_where_it_wrote(tiny_data, tmp_path):
     )
     assert predict.returncode == 0, predict.stderr[-3000:]
     out = best.parent.parent / f"predictions-test-{best.stem}.parquet"
-    assert f"wrote 90 prediction rows to {out}" in predict.stdout + predict.stderr
+    lines = (predict.stdout + predict.stderr).replace("\r", "\n").splitlines()
+    assert f"wrote 90 prediction rows to {out}" in lines  # a line of its own, below the bar
     for proc in (fit, predict):
         assert "litlogger" not in proc.stdout + proc.stderr
         assert "Be aware that when using `ckpt_path`" not in proc.stderr
+        assert "Couldn't infer the batch indices" not in proc.stderr
 
 
 def test_in_process_runs_print_no_args_warning(tiny_data, tmp_path, recwarn):

@@ -51,6 +51,7 @@ class ParquetPredictionWriter(BasePredictionWriter):
         """The final file (``<file>.partial`` until predict has finished)."""
         self.checkpoint: str | None = None
         """The checkpoint predict scores (set by the CLI: Lightning restores it only after setup)."""
+        self.wrote, self.world = False, 1
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "predict":
@@ -95,17 +96,21 @@ class ParquetPredictionWriter(BasePredictionWriter):
         self._rows += table.num_rows
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        wrote = self._writer is not None
-        if wrote:
+        self.wrote = self._writer is not None
+        if self.wrote:
             self._writer.close()
             self._writer = None
             self._partial().replace(self.path)  # complete: the final name, atomically
-        # Where the scores went, as evaluate says where its report went (rank 0 for every rank).
-        if not wrote:
-            said = (
-                f"predict scored no rows of split {trainer.datamodule.predict_split}: {self.path} not written"
-            )
-        elif trainer.world_size > 1:
+        self.world = trainer.world_size
+
+    def say_where(self) -> None:
+        """Where the scores went, as evaluate says where its report went (rank 0, for every rank).
+        The CLI calls it once predict has returned, below the closed progress bar."""
+        if self.path is None:
+            return
+        if not self.wrote:
+            said = f"predict scored no rows: {self.path} not written"
+        elif self.world > 1:
             said = (
                 f"wrote {self._rows} prediction rows to {self.path} (each other rank: its own file beside it)"
             )
