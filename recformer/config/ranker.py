@@ -69,7 +69,7 @@ class RankerConfig:
     (context tokens, mean-pooled history, target; ``model/fm.py``) added to the head's logit
     (Rendle 2010; Guo et al. 2017): explicit user x item and history x item crosses, meant for
     the within-user (GAUC) order DeepFM has and the Transformer lacks. On MovieLens it did not
-    raise validation AUC or GAUC (README, "What it gets"). No parameters of its own; under muP
+    raise validation AUC or GAUC (docs/quality.md). No parameters of its own; under muP
     multiplied by 1/m like the readout."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""

@@ -19,7 +19,7 @@ into files and encoded.
 
 Speed and size: about 100k rows/s on one core and under 300 bytes a row on disk at --max-len 100
 (zstd; history lists are nearly all of it); every run prints both. ``--compression lz4`` writes
-about 13% more bytes that read about a quarter faster (README, Data).
+about 13% more bytes that read about a quarter faster (docs/data.md).
 
 The generative model, its constants and ``SynthParams``: ``synth_world.py``.
 """
