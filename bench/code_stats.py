@@ -9,7 +9,10 @@
 - comment lines (``#``) and docstring lines per line of code (the rest, blank lines aside);
 - how many places define each concept the issue names: ``getattr``/``hasattr`` probes in the
   module and callbacks, files with a function that counts FLOPs, files that read the muP switch
-  (``.mup``), literal tuples listing the batch's fields.
+  (``.mup``), literal tuples listing the batch's fields;
+- the house's bounds (issues 17 and 30): the functions over ``MAX_FUNCTION_LINES``, the files over
+  ``MAX_FILE_LINES``, the function-length distribution, and every import circle between modules
+  of ``recformer`` (``import_circles``; ``tests/test_house.py`` keeps all three at zero).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_FIELDS = {"label", "weight", "group", "target_item", "cat", "dense", "emb", "hist_item", "hist_cat"}
+MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 600
+LENGTH_BINS = (10, 20, 30, 40, 50, 60)
+"""Upper edges of the function-length distribution's bins (the last bin: over 60)."""
 
 
 def sources(rev: str | None) -> dict[str, str]:
@@ -82,6 +89,88 @@ def line_kinds(text: str, tree: ast.Module) -> tuple[int, int, int]:
     return len(code), len(comment - code), len(doc_lines)
 
 
+def module_name(path: str) -> str:
+    """``recformer/a/b.py`` -> ``recformer.a.b``; a package's ``__init__.py`` -> the package."""
+    parts = list(Path(path).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: str, tree: ast.Module, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that the module at ``path`` imports anywhere: at module level,
+    inside functions, under ``if TYPE_CHECKING:``, and by name in a string (``importlib``
+    tables such as ``recformer.__main__.TOOLS``). Each is a circle's edge whether or not it runs
+    at import time: a deferred import only hides the circle until someone moves it."""
+    me = module_name(path)
+    package = me.split(".") if path.endswith("__init__.py") else me.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in modules else base)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
+            out.add(node.value)
+    return (out & modules) - {me}
+
+
+def import_circles(files: dict[str, str]) -> list[list[str]]:
+    """Each set of modules that import one another in a circle (a strongly connected component of
+    the import graph with more than one module, Tarjan's algorithm), sorted."""
+    modules = {module_name(p) for p in files}
+    graph = {module_name(p): imports_of(p, ast.parse(t), modules) for p, t in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(circles)
+
+
+def functions(files: dict[str, str]) -> list[tuple[int, str]]:
+    """(lines, ``path:line name``) of every def, nested ones included, decorators excluded."""
+    out = []
+    for path, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                out.append((node.end_lineno - node.lineno + 1, f"{path}:{node.lineno} {node.name}"))
+    return sorted(out, reverse=True)
+
+
+def distribution(lengths: list[int]) -> dict[str, int]:
+    """Functions per length bin: ``1-10``, ``11-20``, ... ``51-60``, ``over 60``."""
+    edges = (0, *LENGTH_BINS)
+    out = {f"{a + 1}-{b}": sum(a < x <= b for x in lengths) for a, b in zip(edges, edges[1:])}
+    out[f"over {LENGTH_BINS[-1]}"] = sum(x > LENGTH_BINS[-1] for x in lengths)
+    return out
+
+
 def _field_names(node: ast.Tuple | ast.List) -> set[str]:
     """String constants of a literal tuple/list, or the first element of each of its tuples."""
     heads = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
@@ -130,6 +219,10 @@ def stats(files: dict[str, str]) -> dict:
         "files_branching_on_mup": len(mup_files),
         "batch_field_lists": batch_lists,
         "largest_files": sorted(per_file.items(), key=lambda kv: -kv[1])[:8],
+        "fn_length_distribution": distribution(lengths),
+        "functions_over_60": [f"{where} ({n})" for n, where in functions(files) if n > MAX_FUNCTION_LINES],
+        "files_over_600": [f"{p} ({n})" for p, n in per_file.items() if n > MAX_FILE_LINES],
+        "import_circles": [" <-> ".join(c) for c in import_circles(files)],
     }
 
 
@@ -143,8 +236,10 @@ def main() -> None:
             print(f"{k}:")
             for kk, vv in v.items():
                 print(f"  {kk:32s} {vv}")
+        elif isinstance(v, list) and v and isinstance(v[0], str):
+            print(f"{k}: {len(v)}" + "".join(f"\n  {x}" for x in v))
         elif isinstance(v, list):
-            print(f"{k}: " + ", ".join(f"{kk} {vv}" for kk, vv in v))
+            print(f"{k}: " + (", ".join(f"{kk} {vv}" for kk, vv in v) or "none"))
         else:
             print(f"{k:42s} {v}")
 

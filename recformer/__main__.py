@@ -16,6 +16,8 @@ import linecache
 import os
 import sys
 
+from recformer.version import version
+
 # Each data command lives in its own module exposing ``register(subparsers)``; imports stay lazy so
 # ``recformer data ...`` does not pay for torch/Lightning start-up.
 DATA_COMMANDS = {
@@ -54,17 +56,6 @@ USAGE = """usage: recformer {fit,validate,test,predict,data,evaluate,doctor,lab,
   export                        a checkpoint as a torch.export / ONNX artifact for serving
   serve                         an exported ranker behind an HTTP server: raw features in, scores out
 """
-
-
-def version() -> str:
-    """The installed distribution's version (pyproject.toml), or the source tree's when not installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("recformer")
-    except PackageNotFoundError:
-        return "unknown (not installed; pip install -e .)"
 
 
 COMMANDS = ("fit", "validate", "test", "predict", "data", "evaluate", "doctor", "lab", "export", "serve")

@@ -24,6 +24,13 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from recformer.callbacks.predictions import ParquetPredictionWriter
 from recformer.callbacks.sink import HEALTH_FILE
 from recformer.checkpoints import AtomicCheckpointIO, is_remote, read_checkpoint
+from recformer.cli_fixes import (  # KNOWN_FALSE_ALARMS: still recformer.cli.KNOWN_FALSE_ALARMS
+    KNOWN_FALSE_ALARMS,  # noqa: F401
+    NOT_FIT_FALSE_ALARMS,
+    batches_or_fraction,
+    describe_settings,
+    quiet_known_false_alarms,
+)
 from recformer.data.datamodule import RecDataModule
 from recformer.loggers import SafeWandbLogger
 from recformer.module import RankerModule
@@ -46,25 +53,6 @@ from recformer.tracking import RECORD_FILE, read_record, run_folder_of
 from recformer.writer_lock import LOCK_FILE, held_by, hold
 
 DEFAULT_TRAINER_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "trainer.yaml"
-
-KNOWN_FALSE_ALARMS = (
-    # ParquetStream plans its rows per (rank, worker) itself: __len__ is exact with any workers.
-    r"Your `IterableDataset` has `__len__` defined",
-    # RankerModule.transfer_batch_to_device is meant to win: it widens Batch's compact ids.
-    r"You have overridden `transfer_batch_to_device` in `LightningModule`",
-    # The loader resumes exactly mid-epoch from the DataModule's state in the checkpoint (tested);
-    # Lightning only looks for its own state_dict protocol on the DataLoader.
-    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
-    # Lightning's own use of torch's pytree API, about to change upstream; nothing to do here.
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-)
-"""Lightning warnings that every run prints and that say nothing about the run (Lightning 2.6);
-the rest are left alone."""
-
-
-def quiet_known_false_alarms() -> None:
-    for message in KNOWN_FALSE_ALARMS:
-        warnings.filterwarnings("ignore", message=message)
 
 
 _NEW_RUN_DIRS: list[Path] = []
@@ -142,6 +130,20 @@ def remove_runs_without_result() -> None:
                 folder = getattr(logger, "run_folder", None)
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
+                    remove_links_into(folder.parent, folder)
+
+
+def remove_links_into(parent: Path, removed: Path) -> None:
+    """The symbolic links in ``parent`` that point into the removed folder ``removed``: W&B's
+    ``latest-run``, ``debug.log`` and ``debug-internal.log`` beside its run folders. Links to
+    another run (a later one's, started meanwhile) stay."""
+    for link in parent.iterdir() if parent.is_dir() else []:
+        if not link.is_symlink():
+            continue
+        target = Path(os.readlink(link))
+        target = target if target.is_absolute() else parent / target
+        if target == removed or removed in target.parents:
+            link.unlink(missing_ok=True)
 
 
 class LoggedSaveConfig(SaveConfigCallback):
@@ -211,13 +213,26 @@ def _plain(value: Any) -> Any:
 class RecformerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.feature_dims", "model.dims", apply_on="instantiate")
+        batches_or_fraction(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._given_args = (
             list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         )
         self._requeue: Requeue | None = None
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            # ``recformer.__main__.main(argv)`` passes its own arguments from Python (the tests, the
+            # lab, a notebook) while sys.argv holds the caller's (pytest's): args are what count, as
+            # Lightning itself does; its warning about having both says nothing here.
+            warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with warnings.catch_warnings():
+            if subcommand != "fit":
+                for message in NOT_FIT_FALSE_ALARMS:
+                    warnings.filterwarnings("ignore", message=message)
+            super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """A checkpoint's model settings replace the config's, as Lightning's own version does, but a
@@ -420,6 +435,10 @@ class RecformerCLI(LightningCLI):
                 "--output needs the recformer.callbacks.predictions.ParquetPredictionWriter callback"
             )
 
+    def after_predict(self) -> None:
+        for writer in (cb for cb in self.trainer.callbacks if isinstance(cb, ParquetPredictionWriter)):
+            writer.say_where()
+
     def _continue_requeued(self, trainer: Any) -> None:
         """Say what ``--ckpt_path last`` resolved to; in a continued run folder keep metrics.csv and
         health.jsonl up to the checkpoint's step (the stopped attempt may have logged past it)."""
@@ -490,6 +509,7 @@ def _note_resume(error: BaseException) -> None:
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
     quiet_known_false_alarms()
+    described = describe_settings(args)
     defaults = [str(DEFAULT_TRAINER_CONFIG)] if DEFAULT_TRAINER_CONFIG.is_file() else []
     try:
         return RecformerCLI(
@@ -514,6 +534,10 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RecformerCLI:
         remove_runs_without_result()
         raise
     finally:
+        if described:  # a process that goes on to run (a test, a notebook) starts as fast as before
+            from jsonargparse import set_parsing_settings
+
+            set_parsing_settings(docstring_parse_attribute_docstrings=False)
         _NEW_RUN_DIRS.clear()
         _TRAINERS.clear()
         while _LOCKS:

@@ -140,7 +140,7 @@ def compare_aucs(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray) -> 
     except ValueError as e:  # soft labels, or too few of a class: the rest of the report stands
         out["note"] = f"no paired DeLong test: {e}"
         return out
-    out.update({k: test[k] for k in ("diff", "lo", "hi", "se", "p_value")})
+    out.update({k: test[k] for k in ("diff", "lo", "hi", "se", "p_value", "log10_p_value")})
     if not (w == w[0]).all():
         out["auc_a_unweighted"], out["auc_b_unweighted"] = test["auc_a"], test["auc_b"]
         out["note"] = (
@@ -150,9 +150,13 @@ def compare_aucs(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray) -> 
     return out
 
 
-def _p(p: float) -> str:
-    # A p-value under the smallest double reads 0.0 from the normal tail: say what that means.
-    return "p < 1e-300" if p < 1e-300 else f"p = {p:.2g}"
+def _p(compare: dict[str, Any]) -> str:
+    """The paired test's p-value, from its log10 where the value itself is past a double's range."""
+    p, log10_p = compare["p_value"], compare.get("log10_p_value")
+    if p > 0 or log10_p is None or not math.isfinite(log10_p):
+        return f"p = {p:.2g}"
+    exponent = math.floor(log10_p)
+    return f"p = {10 ** (log10_p - exponent):.2g}e{exponent}"
 
 
 def format_table(r: dict[str, Any]) -> str:
@@ -171,29 +175,33 @@ def format_table(r: dict[str, Any]) -> str:
     ]
     unknown = {k: n for k, n in r.get("unknown_ids", {}).items() if n}
     said = ", ".join(f"{k} {n}" for k, n in unknown.items()) if unknown else "none"
-    lines += [
-        f"  unknown ids  {said}  (mapped to the OOV row, not dropped)",
-        "  calibration table (bin: mean prediction vs observed):",
-    ]
-    if "compare" in r:
+    lines.append(f"  unknown ids  {said}  (mapped to the OOV row, not dropped)")
+    if "compare" in r:  # with the metrics, before the calibration table
         c = r["compare"]
         if "diff" in c:
             lines.append(
-                f"  AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
-                f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], {_p(c['p_value'])} (paired DeLong)"
+                f"  compare      AUC minus that of {c['checkpoint']} ({c['arch']}): {c['diff']:+.4f} "
+                f"95% CI [{c['lo']:+.4f}, {c['hi']:+.4f}], {_p(c)} (paired DeLong)"
             )
         else:
-            lines.append(f"  AUC of {c['checkpoint']} ({c['arch']}): {f(c['auc_b'])}")
+            lines.append(f"  compare      AUC of {c['checkpoint']} ({c['arch']}): {f(c['auc_b'])}")
         if "note" in c:
-            lines.append(f"    ({c['note']})")
+            lines.append(f"               ({c['note']})")
+    lines.append("  calibration table (bin: mean prediction vs observed):")
     for row in r["calibration_table"]:
         pred, obs, n = row["mean_pred"], row["mean_label"], int(row["rows"])
         lines.append(f"    {int(row['bin']):>3}  {pred:.3f}  {obs:.3f}  ({n} rows)")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="recformer evaluate", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="recformer evaluate",
+        description="Exact offline metrics of a checkpoint on a split of a data folder: AUC with its 95% "
+        "DeLong interval, GAUC, logloss, NE, calibration and a calibration table; printed, written "
+        "as JSON and logged to the checkpoint's W&B run. --compare adds the paired DeLong test of "
+        "the AUC difference against a second checkpoint on the same rows.",
+    )
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument("--data", required=True, help="data directory with spec.yaml and the split folder")
     p.add_argument("--split", default="test", help="split folder under --data (default: test)")
@@ -220,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not log the results to the W&B run of the checkpoint's run folder (its wandb.json)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     for flag, value, least in (("--batch-size", a.batch_size, 1), ("--num-workers", a.num_workers, 0)):
         if value < least:

@@ -41,6 +41,7 @@ from torch import nn
 
 from recformer.batch import FIELDS, Batch, DataError
 from recformer.data.encode import manifest_entry
+from recformer.version import version
 
 FORMATS = {"torch-export": "model.pt2", "onnx": "model.onnx"}
 """Each format and its file in the artifact."""
@@ -210,7 +211,7 @@ def _manifest(module: Any, ckpt: Path, example: tuple[torch.Tensor, ...]) -> dic
         "model": dict(module.hparams),
         "checkpoint": {"file": str(ckpt), "sha256": sha256(ckpt)},
         "encodings": "encodings/ (spec.yaml, vocab/): ids as vocabulary row + 1 (0 = OOV), dense normalised",
-        "versions": {"torch": torch.__version__, "recformer": _version()},
+        "versions": {"torch": torch.__version__, "recformer": version()},
         "encoder": manifest_entry(None),  # its constants (the time-gap unit), read by recformer serve
     }
 
@@ -316,14 +317,14 @@ def add_item_ids(out: Path, raw_items: Any, manifest: dict[str, Any]) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
-def _version() -> str:
-    from recformer.__main__ import version
-
-    return version()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="recformer export", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="recformer export",
+        description="A trained ranker as one folder a serving stack loads without recformer: the model "
+        "(torch.export and/or ONNX), the feature encodings it was trained with and a manifest. Every "
+        "export is checked against the checkpoint on every row of --split and refused if a score "
+        "differs by more than 1e-5. recformer serve runs the folder.",
+    )
     p.add_argument("--ckpt", required=True, type=Path, help="checkpoint (.ckpt) written by recformer fit")
     p.add_argument(
         "--data",
@@ -332,7 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the data the model was trained on: its encodings, and the rows to check the export on",
     )
     p.add_argument("--out", required=True, type=Path, help="the artifact folder")
-    p.add_argument("--format", nargs="+", default=["torch-export", "onnx"], choices=list(FORMATS))
+    p.add_argument(
+        "--format",
+        nargs="+",
+        default=["torch-export", "onnx"],
+        choices=list(FORMATS),
+        help="what to write: torch-export (model.pt2, for torch.export.load) and/or onnx (model.onnx, "
+        "for onnxruntime); default: both",
+    )
     p.add_argument("--split", default="test", help="split of --data the export is checked on (default: test)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing artifact folder")
     p.add_argument(
@@ -341,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         help="column of the item side table holding the raw item ids requests carry, when the logs' "
         "item ids are not those (MovieLens: movie_id); recformer serve maps request items through it",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     if a.out.exists() and any(a.out.iterdir()) and not a.overwrite:
         print(
             f"recformer export: --out {a.out} is not empty; pass --overwrite or choose another folder",

@@ -73,6 +73,19 @@ def _metrics(exact_max_rows: int) -> dict[str, Any]:
     }
 
 
+def _feature_dims(dims: FeatureDims | dict[str, Any] | None) -> FeatureDims:
+    if dims is None:
+        raise ValueError("RankerModule needs dims (FeatureDims); the CLI links them from data.feature_dims")
+    return _as(FeatureDims, dims)
+
+
+def _loss_weight(name: str, weight: float) -> float:
+    """A within-group loss weight (``model.pairwise``, ``model.listwise``), checked."""
+    if not weight >= 0:
+        raise ValueError(f"model.{name}={weight} must be >= 0 (0 = off)")
+    return weight
+
+
 def _as(cls: type, value: Any) -> Any:
     if value is None:
         return cls()
@@ -118,16 +131,9 @@ class RankerModule(pl.LightningModule):
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
         # load_from_checkpoint hands the dicts back here.
         ranker_cfg, self.optim_cfg = _as(RankerConfig, ranker), _as(OptimConfig, optim)
-        if dims is None:
-            raise ValueError(
-                "RankerModule needs dims (FeatureDims); the CLI links them from data.feature_dims"
-            )
-        self.dims = _as(FeatureDims, dims)
+        self.dims = _feature_dims(dims)
         self.arch = arch
-        for name, weight in (("pairwise", pairwise), ("listwise", listwise)):
-            if not weight >= 0:
-                raise ValueError(f"model.{name}={weight} must be >= 0 (0 = off)")
-        self.pairwise, self.listwise = pairwise, listwise
+        self.pairwise, self.listwise = _loss_weight("pairwise", pairwise), _loss_weight("listwise", listwise)
         self.save_hyperparameters(
             {"ranker": asdict(ranker_cfg), "optim": asdict(self.optim_cfg), "dims": asdict(self.dims)}
             | {
@@ -140,6 +146,15 @@ class RankerModule(pl.LightningModule):
         )
         self.ranker: RankerNet = build_model(arch, ranker_cfg, self.dims)
         self.compile_model = compile
+        self._make_metrics(auc_exact_max_rows)
+        # Device-side counters: read on log steps only (no sync in the step path).
+        self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
+        self._nonfinite_in_a_row = 0
+        self._oov: torch.Tensor | None = None
+        self._compiled = False
+
+    def _make_metrics(self, auc_exact_max_rows: int) -> None:
+        """Each stage's metrics (``_metrics``), GAUC and the eval losses."""
         self.train_metrics, self.val_metrics, self.test_metrics = (
             MetricCollection(_metrics(rows), prefix=f"{stage}/")
             for stage, rows in (("train", 0), ("val", auc_exact_max_rows), ("test", auc_exact_max_rows))
@@ -148,11 +163,6 @@ class RankerModule(pl.LightningModule):
         # The eval loss over the whole split, summed across ranks by its metric: Lightning's own
         # epoch mean averages the row count across ranks as an integer, which truncates under DDP.
         self.val_loss, self.test_loss = LogLoss(), LogLoss()
-        # Device-side counters: read on log steps only (no sync in the step path).
-        self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
-        self._nonfinite_in_a_row = 0
-        self._oov: torch.Tensor | None = None
-        self._compiled = False
 
     @property
     def data(self) -> RankerData | None:

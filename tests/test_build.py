@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -399,13 +400,53 @@ def test_a_csv_column_changing_type_is_one_line_not_a_traceback(tmp_path, capsys
     (tmp_path / "e.csv").write_text("\n".join(rows) + "\n")
     raw = {"events": "e.csv", "columns": {"user": "uid", "item": "iid", "time": "ts", "label": "click"}}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
-    import recformer.datasets.build as b
+    import recformer.datasets.build_events as b
 
     old, b.CSV_INFER_ROWS = b.CSV_INFER_ROWS, 10  # polars types the column from its first 10 rows
     try:
         assert recformer_main(["data", "build", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "o")]) == 2
     finally:
         b.CSV_INFER_ROWS = old
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "reading the events or a side table failed" in err
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("data build:")]
+    assert len(err) == 1 and "reading the events or a side table failed" in err[0]  # the stage lines aside
+    assert "after the first 10 rows" in err[0]
     assert not (tmp_path / "o").exists() and not (tmp_path / ".o.building").exists()
+
+
+def test_a_build_says_each_stage_and_its_rows_as_it_goes(tmp_path, capsys, monkeypatch):
+    """A line per stage on stderr, terminal or not (issue 30: a 1M-event build was 50 s of
+    nothing), with the rows each works on, and in a log (no terminal) which bucket a long stage is
+    at; the summary follows; --no-progress: the summary alone."""
+    from recformer.datasets import build_progress
+
+    monkeypatch.setattr(build_progress, "QUIET_S", 0.0)  # a bucket line each time, not every 10 s
+    _events().write_parquet(tmp_path / "events.parquet")
+    mapping = str(_mapping(tmp_path, "events.parquet", bucket_rows=300))
+    assert recformer_main(["data", "build", mapping, "--out", str(tmp_path / "o")]) == 0
+    got = capsys.readouterr()
+    lines = [line for line in got.err.splitlines() if line.startswith("data build:")]
+    said = [re.sub(r"^data build: +[\d.]+ s  ", "", line) for line in lines]
+    stages = [line for line in said if not line.startswith(" ")]
+    buckets = [
+        f"    {name}: bucket {b} of 3"
+        for name in ("order and split", "item priors", "rows")
+        for b in (1, 2, 3)
+    ]
+    assert [line for line in said if line.startswith(" ")] == buckets
+    report = json.loads((tmp_path / "o" / "build.json").read_text())["counts"]
+    rows = report["rows"]
+    assert stages == [
+        "1/6 check: every value of 1 event file(s) (one streaming pass)",
+        f"2/6 partition: {report['events']} events into 3 user bucket(s)",
+        f"3/6 order and split: {report['events']} events, bucket by bucket",
+        f"4/6 item priors: {report['events'] - report['duplicates']} events by item",
+        f"5/6 rows: {sum(rows.values())} with their histories (train {rows['train']}, val {rows['val']}, "
+        f"test {rows['test']})",
+        f"6/6 vocabularies and dense statistics on the {rows['train']} train rows",
+    ]
+    seconds = [float(line.split()[2]) for line in lines]
+    assert seconds == sorted(seconds) and f"events read {report['events']}" in got.out
+    args = ["data", "build", mapping, "--out", str(tmp_path / "o"), "--overwrite", "--no-progress"]
+    assert recformer_main(args) == 0
+    quiet = capsys.readouterr()
+    assert "data build:" not in quiet.err and f"events read {report['events']}" in quiet.out

@@ -257,3 +257,50 @@ def test_a_nan_loss_is_a_finding_even_with_no_step_counted(tmp_path, capsys):
     assert main([str(run), "--no-plots", "--json"]) == 1
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert [(f["check"], f["steps"]) for f in findings] == [("nonfinite_loss", [20, 40])]
+
+
+def test_every_plot_labels_its_axes_and_marks_what_its_title_promises():
+    """Issue 30: no y-axis labels; a loss title promising red spike marks that were not drawn; perf
+    panels titled with raw metric names; 15 near-identical shades over the embedding norms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from recformer.doctor.plots import figures
+    from recformer.doctor.runs import RunMetrics
+
+    steps = np.arange(10, 110, 10)
+    ramp = Series(steps, np.linspace(1.0, 2.0, 10))
+    spikes = np.zeros(10)
+    spikes[[3, 7]] = 1.0
+    series = {
+        mn.GRAD_NORM.format(i=0): ramp,
+        mn.TRAIN_LOSS: Series(steps, np.linspace(0.7, 0.5, 10)),
+        mn.LOSS_SPIKE: Series(steps, spikes),
+        mn.SAMPLES_PER_S: ramp,
+        mn.TOKENS_PER_S: ramp,
+    }
+    tables, quantiles = ["item", "user_id", "hour", "dow", "hist_ratings"], ["50", "90", "99"]
+    series |= {mn.EMB_ROW_NORM.format(table=t, q=q): ramp for t in tables for q in quantiles}
+    drawn = {stem: fig for stem, _, fig in figures(plt, RunMetrics(series, {}, []))}
+    assert set(drawn) == {"grad_norm", "emb_row_norm", "loss", "perf"}
+    for stem, fig in drawn.items():
+        for ax in fig.axes:
+            assert ax.get_ylabel() and ax.get_xlabel() == "step", stem
+    loss = drawn["loss"].axes[0]
+    marks = [c for c in loss.collections if len(c.get_offsets())]
+    assert [m.get_offsets()[:, 0].tolist() for m in marks] == [[40.0, 80.0]]  # at the spike steps
+    assert matplotlib.colors.same_color(marks[0].get_facecolor()[0], "red") and "red" in loss.get_title()
+    assert [ax.get_title() for ax in drawn["perf"].axes] == ["training samples / s", "training tokens / s"]
+    norms = drawn["emb_row_norm"].axes[0]
+    colors = {matplotlib.colors.to_hex(line.get_color()) for line in norms.get_lines()}
+    styles = {line.get_linestyle() for line in norms.get_lines()}
+    assert len(colors) == len(tables) and len(styles) == len(quantiles)
+    legend = norms.get_legend()
+    assert legend.get_bbox_to_anchor().x0 > norms.get_window_extent().x1 - 1  # beside the lines
+    quiet = dict(series)
+    quiet[mn.LOSS_SPIKE] = Series(steps, np.zeros(10))
+    loss = next(fig for stem, _, fig in figures(plt, RunMetrics(quiet, {}, [])) if stem == "loss").axes[0]
+    assert "red" not in loss.get_title() and not [c for c in loss.collections if len(c.get_offsets())]
+    plt.close("all")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from recformer.__main__ import main as recformer_main
 from recformer.lab.grids import list_grids, load_grid
 from recformer.lab.report import report
 
+ROOT = Path(__file__).resolve().parents[1]
 MICRO = {
     "description": "two points",
     "configs": ["configs/model/tiny.yaml", "configs/data/synthetic.yaml"],
@@ -51,15 +53,26 @@ def _points(out: Path) -> dict[str, dict]:
     return {json.loads(p.read_text())["labels"]["variant"]: json.loads(p.read_text()) for p in files}
 
 
-def test_a_micro_grid_runs_every_point_reports_and_resumes(tmp_path, capsys):
-    grid, out = _grid(tmp_path), tmp_path / "out"
-    assert recformer_main(["lab", "run", str(grid), "--out", str(out), "--jobs", "2"]) == 0
+def test_a_micro_grid_runs_every_point_reports_and_resumes(tmp_path, capsys, monkeypatch):
+    # Started from a folder of its own with a relative --out (issue 30: from outside the repository
+    # it failed renaming its synthetic data, which it wrote into the repository's runs/lab/).
+    grid, elsewhere = _grid(tmp_path), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    repo_lab = ROOT / "runs" / "lab"
+    before = sorted(repo_lab.rglob("*")) if repo_lab.is_dir() else []
+    assert recformer_main(["lab", "run", str(grid), "--out", "out", "--jobs", "2"]) == 0
+    out = elsewhere / "out"
+    assert [p.name for p in elsewhere.iterdir()] == ["out"]  # written only where told
+    assert (sorted(repo_lab.rglob("*")) if repo_lab.is_dir() else []) == before
     points = _points(out)
     assert sorted(points) == ["post", "pre"] and all(p["status"] == "ok" for p in points.values())
     for p in points.values():  # an ordinary run folder, with the figures read from it
         run = Path(p["run"])
-        assert (run / "config.yaml").is_file() and (run / "health.jsonl").is_file()
+        assert run.is_absolute() and (run / "config.yaml").is_file() and (run / "health.jsonl").is_file()
         assert 0 < p["best_val_auc"] < 1 and p["params"] > 0 and p["command"].startswith("recformer fit ")
+        configs = re.findall(r"--config (\S+)", p["command"])  # results.md's rerun: from any folder
+        assert configs and all(Path(c).is_absolute() and Path(c).is_file() for c in configs)
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert sorted(r["variant"] for r in rows) == ["post", "pre"]
     assert "| post |" in (out / "results.md").read_text() and (out / "best_val_auc-vs-params.png").is_file()
@@ -255,10 +268,14 @@ def test_the_best_learning_rate_per_width_and_its_drift_on_known_inputs():
     assert "for muP: +0 grid steps from width 32 to 128" in text
 
 
-def test_the_coordinate_check_writes_its_table_and_plot(tiny_data, tmp_path):
+def test_the_coordinate_check_writes_its_table_and_plot(tiny_data, tmp_path, capsys):
     out = tmp_path / "coord"
     args = ["--data", str(tiny_data), "--widths", "16", "32", "--steps", "2", "--out", str(out)]
     assert recformer_main(["lab", "coord-check", *args]) == 0
+    printed = capsys.readouterr().out.splitlines()  # the table itself, not only the file names
+    assert printed[1].split() == ["SP", "16", "32", "ratio"] and printed[6].split()[0] == "muP"
+    assert [line.split()[0] for line in printed[2:6]] == ["tokens", "block", "block", "logits"]
+    assert printed[-2:] == [f"wrote {out / 'coord_check.csv'}", f"wrote {out / 'coord_check.png'}"]
     rows = list(csv.DictReader((out / "coord_check.csv").open()))
     # SP and muP x 2 widths x (tokens, 2 blocks, logits), every RMS finite and positive
     assert len(rows) == 2 * 2 * 4 and all(0 < float(r["rms"]) < math.inf for r in rows)

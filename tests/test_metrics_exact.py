@@ -175,3 +175,54 @@ def test_delong_paired_matches_the_structural_components_by_brute_force():
     assert r["lo"] < r["diff"] < r["hi"] and 0 <= r["p_value"] <= 1
     same = delong_paired(a, a, y)
     assert same["diff"] == 0 and same["se"] == 0 and same["p_value"] == 1.0
+
+
+def test_the_paired_p_value_keeps_its_digits_far_in_the_tail():
+    """p from the log survival function: 2 * (1 - cdf(z)) gave 0 past z of about 8.3 (issue 30:
+    z = 9.41 printed "p < 1e-300" and stored 0.0)."""
+    from recformer.metrics.exact import two_sided_log_p
+
+    assert math.exp(two_sided_log_p(1.959963984540054)) == pytest.approx(0.05, rel=1e-12)
+    assert math.exp(two_sided_log_p(9.41)) == pytest.approx(4.96137e-21, rel=1e-5)  # erfc(9.41 / sqrt 2)
+    # Past erfc's range the tail series takes over, continuous where they meet and beyond a double.
+    assert two_sided_log_p(36.999) == pytest.approx(two_sided_log_p(37.0), abs=0.04)
+    assert two_sided_log_p(40.0) / math.log(10) == pytest.approx(-349.1360, abs=1e-4)
+    rng = np.random.default_rng(3)
+    y = (rng.random(4000) < 0.5).astype(float)
+    good, noise = y + rng.normal(size=4000), rng.normal(size=4000)  # z about 21
+    r = delong_paired(good, noise, y)
+    z = r["diff"] / r["se"]
+    assert z > 9 and 0 < r["p_value"] < 1e-90  # 0.0 before
+    assert r["log10_p_value"] == pytest.approx(math.log10(math.erfc(z / math.sqrt(2))), rel=1e-9)
+
+
+def test_the_compare_line_sits_with_the_metrics_and_prints_p_past_a_double():
+    from recformer.evaluate import format_table
+
+    r = {
+        "split": "test",
+        "data": "d",
+        "rows": 10,
+        "base_rate": 0.5,
+        "auc": 0.8,
+        "auc_exact": True,
+        "auc_lo": 0.7,
+        "auc_hi": 0.9,
+        "gauc": 0.6,
+        "gauc_groups": 3,
+        "gauc_groups_excluded": 0,
+        "gauc_excluded_share": 0.0,
+        "logloss": 0.5,
+        "ne": 0.8,
+        "calibration": 1.0,
+        "unknown_ids": {},
+        "calibration_table": [{"bin": 0, "mean_pred": 0.2, "mean_label": 0.25, "rows": 10}],
+        "compare": {"checkpoint": "b.ckpt", "arch": "din", "diff": 0.05, "lo": 0.04, "hi": 0.06}
+        | {"se": 0.001, "p_value": 0.0, "log10_p_value": -543.21},
+    }
+    lines = format_table(r).splitlines()
+    (i,) = [k for k, line in enumerate(lines) if "b.ckpt" in line]
+    assert "p = 6.2e-544 (paired DeLong)" in lines[i]
+    assert i < lines.index("  calibration table (bin: mean prediction vs observed):")
+    r["compare"] |= {"p_value": 4.96e-21, "log10_p_value": math.log10(4.96e-21)}
+    assert "p = 5e-21 (paired DeLong)" in format_table(r)

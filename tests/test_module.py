@@ -151,7 +151,7 @@ def test_last_ckpt_is_the_end_of_training_even_when_the_last_epoch_is_not_the_be
     assert sorted(p.name for p in ckpts.iterdir()) == sorted([best[0].name, "last.ckpt"])
 
 
-def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_data, tmp_path):
+def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_data, tmp_path, caplog):
     # The default trainer config stops on val/auc and restores the best weights ...
     callbacks = yaml.safe_load((ROOT / "configs" / "trainer.yaml").read_text())["trainer"]["callbacks"]
     stop = next(c for c in callbacks if c["class_path"].endswith("EarlyStopping"))
@@ -182,10 +182,19 @@ def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_da
     auc = module.val_metrics["auc"]
     real = auc.compute
     auc.compute = lambda: real() * 0 + 0.9 - 0.1 * trainer.current_epoch  # what val/auc logs
-    trainer.fit(module, dm)
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        trainer.fit(module, dm)
     assert trainer.current_epoch == 3 and es.stopped_epoch == 2
     best = torch.load(best_cb.best_model_path, weights_only=True)
     assert best["epoch"] == 0
+    # One line says so: that early stopping fired, after which validation, and whose weights the
+    # model holds (9 steps an epoch).
+    (said,) = [r.getMessage() for r in caplog.records if "best weights" in r.getMessage()]
+    assert said == (
+        "Early stopping: val/auc did not improve in 2 validations; the fit stopped after validation 3 "
+        f"(epoch 2, step 27); the model holds the best weights by val/auc (0.9000): validation 1 "
+        f"(epoch 0, step 9), {best_cb.best_model_path}"
+    )
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     now = module.state_dict()
     assert all(torch.equal(now[k], v) for k, v in best["state_dict"].items())

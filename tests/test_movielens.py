@@ -11,6 +11,7 @@ import csv
 import datetime as dt
 import functools
 import importlib.util
+import logging
 import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -452,3 +453,20 @@ def test_embed_items_reproduces_committed_rows(tmp_path):
         a = np.asarray(got.column("content_emb")[i].values, dtype=np.float32)
         b = np.asarray(committed.column("content_emb")[ids.index(m)].values, dtype=np.float32)
         assert float(a @ b) > 0.999, m
+
+
+def test_the_shipped_data_loads_without_a_warning(full, caplog):
+    """genre_ids keeps as many genres as the movie with the most (issue 30: max_values=4 left 443
+    genres out, with a warning at every fit and evaluation on the data the project ships)."""
+    from recformer.data.datamodule import RecDataModule
+
+    out, _ = full
+    spec = FeatureSpec.load(out / "spec.yaml")
+    genres = next(f for f in spec.item.features if f.name == "genre_ids")
+    side = pq.read_table(out / "items.parquet", columns=["genre_ids"]).column(0)
+    assert genres.max_values == max(len(g) for g in side.to_pylist()) == 10
+    with caplog.at_level(logging.WARNING):
+        dm = RecDataModule(str(out), num_workers=0, validate="full")
+        dm.setup("fit")
+        dm.item_tables()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info
 
 from recformer.data.schema import CHECKSUMS
 
@@ -50,6 +51,7 @@ class ParquetPredictionWriter(BasePredictionWriter):
         """The final file (``<file>.partial`` until predict has finished)."""
         self.checkpoint: str | None = None
         """The checkpoint predict scores (set by the CLI: Lightning restores it only after setup)."""
+        self.wrote, self.world = False, 1
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "predict":
@@ -94,10 +96,27 @@ class ParquetPredictionWriter(BasePredictionWriter):
         self._rows += table.num_rows
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        if self._writer is not None:
+        self.wrote = self._writer is not None
+        if self.wrote:
             self._writer.close()
             self._writer = None
             self._partial().replace(self.path)  # complete: the final name, atomically
+        self.world = trainer.world_size
+
+    def say_where(self) -> None:
+        """Where the scores went, as evaluate says where its report went (rank 0, for every rank).
+        The CLI calls it once predict has returned, below the closed progress bar."""
+        if self.path is None:
+            return
+        if not self.wrote:
+            said = f"predict scored no rows: {self.path} not written"
+        elif self.world > 1:
+            said = (
+                f"wrote {self._rows} prediction rows to {self.path} (each other rank: its own file beside it)"
+            )
+        else:
+            said = f"wrote {self._rows} prediction rows to {self.path}"
+        rank_zero_info(said)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._writer is not None:

@@ -257,10 +257,7 @@ class RecDataModule(pl.LightningDataModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        # A URI (s3://...) stays a string: its split files are read where they are (data.storage).
-        self.data_dir = data_dir if storage.is_uri(data_dir) else Path(data_dir)
-        self.spec = _load_spec(self.data_dir, spec_path)
-        self.spec_text = Path(self.spec.path).read_text()
+        self.data_dir, self.spec, self.spec_text = _open_data(data_dir, spec_path)
         _check_settings(batch_size, eval_batch_size, shuffle_window, num_workers, prefetch_factor)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
@@ -513,6 +510,14 @@ class RecDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> RecDataLoader:
         return self._loader(self._stream(self.predict_split, train=False))
+
+
+def _open_data(data_dir: str, spec_path: str | None) -> tuple[Path | str, FeatureSpec, str]:
+    """The data folder (a URI, s3://..., stays a string: its split files are read where they are,
+    ``data.storage``), its feature spec and the spec's text."""
+    folder = data_dir if storage.is_uri(data_dir) else Path(data_dir)
+    spec = _load_spec(folder, spec_path)
+    return folder, spec, Path(spec.path).read_text()
 
 
 def _load_spec(data_dir: Path | str, spec_path: str | None) -> FeatureSpec:

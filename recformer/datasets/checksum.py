@@ -75,11 +75,19 @@ def parquet_files(root: Path) -> list[Path]:
     )
 
 
+HELP = """Give every Parquet file under DIR that lacks them page checksums (CRC-32), so a flipped bit is
+refused instead of trained on. Each file is rewritten beside the old one with the same schema, row
+groups and compression, read back and compared value for value, and only then put in its place;
+files that already have checksums are not touched.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "checksum",
         help="rewrite the Parquet files under DIR that lack page checksums with them (data unchanged)",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", help="a local data folder (or any folder of Parquet files)")

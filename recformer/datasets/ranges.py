@@ -1,7 +1,7 @@
 """Values ``recformer data build`` refuses although they parse: outside the range the mapping's
 ``limits`` (``build_config.Limits``) allows, or beyond float32, where they would become inf.
 
-Each check is a (what is wrong, filter) pair for ``build._refuse_problems``, which counts every
+Each check is a (what is wrong, filter) pair for ``build_events._refuse_problems``, which counts every
 check in one streaming pass and refuses them together, each with its count and examples; a value
 that is null or does not parse is left to the checks that name that.
 """

@@ -168,11 +168,19 @@ def vocabularies(spec: FeatureSpec) -> list[tuple[str, int, str]]:
     return [v for v in out if v[2]]
 
 
+HELP = """What a data folder holds: per split, files, row groups, rows, positive rate and mean history
+length, read from the Parquet footers and the label column only (fast on large logs). Every file's
+schema is checked as the loader checks it; a missing or mistyped column, a bad label or an
+unreadable file is an error naming the file and the column.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summary",
         help="files, row groups, rows, positive rate and list lengths of a prepared dataset",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", type=Path, help="dataset folder holding spec.yaml and split folders")

@@ -179,11 +179,22 @@ def _write(setting: str, path: Path, counts: pa.Table, kept: pa.Table, cold: int
     return Fitted(setting, path, len(kept) - cold, len(counts), covered / total if total else 1.0, cold)
 
 
+HELP = """Fit the vocabularies spec.yaml names (vocab_file) on the train split.
+
+For logs that keep raw ids (strings, or integers of any range): each such field gets a file under
+vocab/ listing the values seen in train, most frequent first, and spec.yaml gets its size. Values
+seen fewer than --min-count times, or past the --max-size most frequent, share the unknown-id row.
+Items the item table holds beyond them become cold items (their own side features and content).
+Files that exist are kept unless --refit.
+"""
+"""What --help says: plain text, for a person at a terminal (the module docstring is for developers)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "vocab",
         help="fit the vocabularies spec.yaml names (vocab_file) on the train split",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", type=Path, help="dataset folder holding spec.yaml and train/")

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from recformer.lab.grids import list_grids, load_grid
@@ -34,27 +35,59 @@ def _parser() -> argparse.ArgumentParser:
         "--count", action="store_true", help="print the number of points (for --array=0-(N-1)) and exit"
     )
     coord = sub.add_parser("coord-check", help="muP coordinate check: activation RMS per layer against width")
-    coord.add_argument("--data", type=Path, default=Path("data/movielens"))
-    coord.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
-    coord.add_argument("--steps", type=int, default=3)
-    coord.add_argument("--lr", type=float, default=1e-2)
-    coord.add_argument("--out", type=Path, default=Path("runs/lab/coord-check"))
+    coord.add_argument(
+        "--data", type=Path, default=Path("data/movielens"), help="data folder (default: data/movielens)"
+    )
+    coord.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=[32, 64, 128, 256],
+        help="d_model of each ranker (default: 32 64 128 256)",
+    )
+    coord.add_argument("--steps", type=int, default=3, help="Adam steps on one batch (default: 3)")
+    coord.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default: 0.01)")
+    coord.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/lab/coord-check"),
+        help="folder for coord_check.csv and coord_check.png (default: runs/lab/coord-check)",
+    )
     rep = sub.add_parser("report", help="write results.csv, results.md and the plots of a grid's folder")
     rep.add_argument("out", type=Path)
     return p
 
 
+def grid_table(grids: list[tuple[str, str, list[str]]], width: int = 100) -> str:
+    """``lab list``: each grid's name and sizes in aligned columns, and its whole description
+    wrapped in the third (the first line alone cut sentences in half)."""
+    names = max([len("grid"), *(len(n) for n, _, _ in grids)])
+    sizes = max([len("sizes"), *(len(", ".join(z)) for _, _, z in grids)])
+    indent = " " * (names + sizes + 4)
+    lines = [f"{'grid':{names}s}  {'sizes':{sizes}s}  description"]
+    for name, description, size in grids:
+        text = textwrap.fill(
+            " ".join(description.split()) or "(no description)",
+            width=max(40, width),
+            initial_indent=f"{name:{names}s}  {', '.join(size):{sizes}s}  ",
+            subsequent_indent=indent,
+        )
+        lines.append(text)
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     if a.action == "list":
-        for name, description, sizes in list_grids():
-            print(f"{name:12s} [{', '.join(sizes)}]  {description.splitlines()[0] if description else ''}")
+        print(grid_table(list_grids()))
         return 0
     if a.action == "coord-check":
-        from recformer.lab.coord import run_coord_check
+        from recformer.lab.coord import coord_table, run_coord_check
 
-        for path in run_coord_check(a.data, a.widths, a.steps, a.lr, a.out):
-            print(path)
+        paths = run_coord_check(a.data, a.widths, a.steps, a.lr, a.out)
+        print(coord_table(paths[0], a.steps))
+        for path in paths:
+            print(f"wrote {path}")
         return 0
     if a.action == "report":
         meta = json.loads((a.out / "grid.json").read_text()) if (a.out / "grid.json").is_file() else {}
@@ -69,7 +102,7 @@ def main(argv: list[str]) -> int:
     if a.count:
         print(len(points))
         return 0
-    out = a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}"
+    out = (a.out or Path("runs") / "lab" / f"{grid.name}-{grid.size}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     title = f"lab {grid.name} ({grid.size})"
     names = [p.name for p in points]

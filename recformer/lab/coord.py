@@ -44,6 +44,36 @@ def run_coord_check(data: Path, widths: list[int], steps: int, lr: float, out: P
     return [table, _plot(rows, widths, steps, out / "coord_check.png")]
 
 
+def coord_table(table: Path, steps: int) -> str:
+    """``coord_check.csv`` as the terminal shows it: per parametrization, a row per layer and a
+    column per width, the activation RMS after the last step, and the largest width's RMS over the
+    smallest's (about 1 under muP; growing with width under SP)."""
+    with table.open() as fh:
+        rows = [
+            {**r, "width": int(r["width"]), "layer": int(r["layer"]), "rms": float(r["rms"])}
+            for r in csv.DictReader(fh)
+        ]
+    widths = sorted({r["width"] for r in rows})
+    n_layers = max(r["layer"] for r in rows) + 1
+    names = _layer_names(n_layers)
+    lines = [
+        f"activation RMS after {steps} Adam steps, by width (d_model); ratio: the largest width's "
+        "over the smallest's (muP keeps it near 1)"
+    ]
+    for param in ("SP", "muP"):
+        rms = {(r["layer"], r["width"]): r["rms"] for r in rows if r["param"] == param}
+        lines.append(f"{param:8s}" + "".join(f"{w:>10d}" for w in widths) + f"{'ratio':>10s}")
+        for layer in range(n_layers):
+            values = [rms[layer, w] for w in widths]
+            ratio = values[-1] / values[0] if values[0] else float("inf")
+            lines.append(f"  {names[layer]:6s}" + "".join(f"{v:10.3g}" for v in values) + f"{ratio:10.2f}")
+    return "\n".join(lines)
+
+
+def _layer_names(n_layers: int) -> list[str]:
+    return ["tokens"] + [f"block {i}" for i in range(n_layers - 2)] + ["logits"]
+
+
 def _plot(rows: list[dict], widths: list[int], steps: int, path: Path) -> Path:
     import matplotlib
 
@@ -51,7 +81,7 @@ def _plot(rows: list[dict], widths: list[int], steps: int, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     n_layers = max(r["layer"] for r in rows) + 1
-    names = ["tokens"] + [f"block {i}" for i in range(n_layers - 2)] + ["logits"]
+    names = _layer_names(n_layers)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, param in zip(axes, ("SP", "muP")):
         for layer in range(n_layers):

@@ -83,6 +83,12 @@ class Grid:
         return out
 
 
+def config_path(config: str) -> Path:
+    """A grid's config file: a relative path is the repository's (``configs/model/tiny.yaml``)."""
+    path = Path(config)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
 def grid_path(name_or_path: str) -> Path:
     """``configs/lab/<name>.yaml`` for a bare name; a path as given."""
     path = Path(name_or_path)
@@ -136,8 +142,8 @@ def _check(grid: Grid, path: Path) -> None:
     if set(grid.data) not in ({"synth"}, {"data_dir"}):
         raise ValueError(f"{where}: data must be {{synth: {{...}}}} or {{data_dir: DIR}}, got {grid.data}")
     for config in grid.configs:
-        if not (REPO_ROOT / config).is_file():
-            raise FileNotFoundError(f"{where}: config {config} does not exist")
+        if not config_path(config).is_file():
+            raise FileNotFoundError(f"{where}: config {config_path(config)} does not exist")
     for key, values in grid.axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: axes.{key} must be a non-empty list")

@@ -227,7 +227,7 @@ def _finish(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(spec.get("title", title))
-    if legend and spec.get("series"):
+    if legend and spec.get("series") and ax.get_legend_handles_labels()[0]:  # none when no point has data
         ax.legend(title=spec["series"].rsplit(".", 1)[-1])
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recformer.lab.grids import REPO_ROOT, Grid, Point
+from recformer.lab.grids import REPO_ROOT, Grid, Point, config_path
 from recformer.lab.summary import summarize
 from recformer.lifeline import child_env
 from recformer.writer_lock import WriterAlive, hold
@@ -67,7 +67,7 @@ def data_dir(grid: Grid, point: Point, out: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             cmd = [sys.executable, "-m", "recformer", "data", "synth", "--out", str(tmp)]
             cmd += [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=child_env())
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
             if proc.returncode != 0:
                 raise RuntimeError(f"lab data of {grid.name}: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             if path.exists() and not (path / "spec.yaml").is_file():
@@ -87,8 +87,8 @@ _DATA_LOCK = threading.Lock()
 def command(grid: Grid, point: Point, data: Path, out: Path) -> list[str]:
     """The ``recformer fit`` of ``point``: what the report prints to rerun it alone."""
     cmd = [sys.executable, "-m", "recformer", "fit"]
-    for config in grid.configs:
-        cmd += ["--config", config]
+    for config in grid.configs:  # absolute: results.md's command reruns the point from any folder
+        cmd += ["--config", str(config_path(config))]
     cmd += ["--config", str(_loggers(grid, point, out)), f"--data.data_dir={data}"]
     cmd += [f"--{k}={_cli(v)}" for k, v in point.settings.items() if not k.startswith(SYNTH)]
     return cmd + [f"--seed_everything={point.seed}", "--trainer.enable_progress_bar=false"]
@@ -116,6 +116,7 @@ def run_point(grid: Grid, point: Point, out: Path, threads: int) -> dict[str, An
     """Point ``point``'s result: its ``point.json`` when finished, else its fit run now (from
     scratch) under the point's writer lock; ``busy``, written nowhere, while another live process
     holds that lock."""
+    out = out.resolve()  # the point's commands and data paths hold it: absolute, from any folder
     folder = out / "points" / point.name
     try:
         lock = hold(folder, f"lab point {point.name}:")
@@ -145,7 +146,10 @@ def _run_fit(grid: Grid, point: Point, out: Path, threads: int, lock: int) -> di
     cmd = command(grid, point, data, out)
     env = child_env({**os.environ, "OMP_NUM_THREADS": str(threads)})
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env, pass_fds=(lock,))
+    # In the folder lab run was started from, as results.md's command would be run: every path the
+    # fit is given is absolute (it writes under ``out`` only), and a callback or module a grid names
+    # imports from there as it would for the user's own ``recformer fit``.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, pass_fds=(lock,))
     seconds = time.perf_counter() - start
     status = "ok" if proc.returncode == 0 else ("diverged" if DIVERGED in proc.stderr else "failed")
     result = {
@@ -174,6 +178,7 @@ def _run_fit(grid: Grid, point: Point, out: Path, threads: int, lock: int) -> di
 
 def run_grid(grid: Grid, out: Path, jobs: int = 1, log=print) -> list[dict[str, Any]]:
     """Every point of ``grid`` (finished ones kept), ``jobs`` at a time; their results."""
+    out = out.resolve()
     points = grid.points()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     results: list[dict[str, Any]] = []

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch import nn
 
 from recformer.config import RankerConfig
-
-if TYPE_CHECKING:
-    from recformer.model.protocol import RankerNet
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,14 @@ def total(terms: Iterable[Term]) -> float:
     return sum(t.flops() for t in terms)
 
 
-def flops_per_sample(net: RankerNet) -> float:
+class CountsFlops(Protocol):
+    """A model that describes its training path as terms: every ``RankerNet`` (``model/protocol.py``,
+    which imports ``Term`` from here, so this module names only the member it calls)."""
+
+    def flop_terms(self) -> list[Term]: ...
+
+
+def flops_per_sample(net: CountsFlops) -> float:
     """Training FLOPs per sample of ``net``'s training path."""
     return total(net.flop_terms())
 

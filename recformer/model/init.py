@@ -31,7 +31,8 @@ base rate and the first gradients do not depend on a random readout.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -42,8 +43,22 @@ from recformer.model.embedding import FeatureTokenizer
 from recformer.model.mup import hidden_init_multiplier
 from recformer.model.norms import LayerNorm, RMSNorm
 
-if TYPE_CHECKING:
-    from recformer.model.ranker import Ranker
+
+class Initialisable(Protocol):
+    """What ``init_weights`` reads of the Transformer ranker (``model/ranker.py``'s ``Ranker``, which
+    calls it from its constructor: naming the members here keeps ranker.py the only importer)."""
+
+    cfg: RankerConfig
+    tokens: FeatureTokenizer
+    blocks: nn.ModuleList
+    head: nn.Module
+    """``Head``: ``hidden`` and ``out`` linear layers."""
+    item_bias: nn.Embedding | None
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
 
 RESIDUAL_WRITERS = frozenset({"attn_out", "mlp_down"})
 """Roles whose output is added to the residual stream."""
@@ -106,7 +121,7 @@ def init_tokens(tokens: FeatureTokenizer, cfg: RankerConfig) -> set[str]:
 
 
 @torch.no_grad()
-def init_weights(ranker: Ranker) -> set[str]:
+def init_weights(ranker: Initialisable) -> set[str]:
     """Initialise every parameter of ``ranker`` by ``ranker.cfg.init``; return the names covered.
 
     Raises if any parameter was not covered, so a new module cannot silently keep PyTorch's default.

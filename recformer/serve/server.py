@@ -45,7 +45,9 @@ def _cores() -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="recformer serve",
-        description=__doc__.split("\n\n")[0],
+        description="The exported ranker (a folder written by recformer export) behind an HTTP server, on "
+        "LitServe: POST /predict ranks one user's candidates from raw ids and values; GET /health, "
+        "/metrics and /info. The request format: docs/serving.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("export_dir", type=Path, help="a folder written by recformer export")
@@ -92,7 +94,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may wait for a worker (then 504)"
     )
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="the server's log level (default: warning)",
+    )
     return p
 
 

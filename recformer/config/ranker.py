@@ -1,0 +1,152 @@
+"""``RankerConfig``: the tokenized-feature Transformer ranker and its scale controls (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+# ----------------------------------------------------------------------------------------------
+# The ranker (DESIGN section 4)
+# ----------------------------------------------------------------------------------------------
+
+NormPlacement = Literal["post", "pre", "sandwich", "reordered", "deepnorm"]
+InitMethod = Literal["normal", "xavier", "scaled", "depth", "deepnorm", "mup"]
+
+
+@dataclass
+class RankerConfig:
+    """The tokenized-feature Transformer ranker and its scale controls."""
+
+    d_model: int = 64
+    """Model width D."""
+    n_layers: int = 2
+    """Number of Transformer blocks L."""
+    n_heads: int = 4
+    """Attention heads N; d_model must be divisible by it."""
+    mlp_ratio: float = 4.0
+    """MLP hidden width as a multiple of d_model (SwiGLU uses 2/3 of it, rounded up to 8)."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """MLP type."""
+    norm_placement: NormPlacement = "pre"
+    """Where the norms sit in each residual branch: post, pre, sandwich, reordered (OLMo 2), deepnorm."""
+    norm: Literal["rms", "layer"] = "rms"
+    """RMSNorm or LayerNorm, in the blocks and in QK-Norm (there gain-only)."""
+    layernorm_scaling: bool = False
+    """Scale each block's norm output by 1/sqrt(layer index), layers counted from 1 (Curse of Depth)."""
+    qk_norm: Literal["none", "head", "full"] = "head"
+    """Normalise queries and keys (learnable gain) before the dot product: per head, over the full
+    width, or not; bounds the attention logits however large the q/k weights grow."""
+    init: InitMethod = "scaled"
+    """Init method: normal(std), xavier, scaled (GPT-2, std/sqrt(2Y) on residual-writing projections),
+    depth (std/sqrt(2(l+1)) in block l), deepnorm (DeepNet beta). 'mup' is the old name of normal
+    with mup=true (deprecated: set mup=true, which brings muP's init with it)."""
+    init_std: float = 0.02
+    """Base standard deviation of the normal-family inits."""
+    mup: bool = False
+    """muP, one switch for all of it (``recformer.model.mup``): hidden-matrix init std / sqrt(m) and
+    Adam LR / m, readout input / m, attention scale 1/d_head; m = d_model / base_d_model."""
+    base_d_model: int = 64
+    """Width at which muP hyperparameters were tuned; m = d_model / base_d_model."""
+    dense_tokens: int = 1
+    """Tokens the dense features are projected into (one shared linear map)."""
+    dense_per_feature: bool = False
+    """A token per dense feature instead, ``x_j * w_j + b_j`` (the numerical embedding of
+    FT-Transformer, Gorishniy et al. 2021): each feature attended to on its own."""
+    content_tokens: Literal["add", "target", "all"] = "add"
+    """Where an item's projected content embedding goes: ``add``ed to its item token; the
+    ``target``'s as a token of its own (history events keep theirs added); or ``all`` (every
+    history event's too: L more tokens)."""
+    embedding_dropout: float = 0.0
+    """Dropout on the token embeddings before the first block (on sparse-id rankers it regularises
+    the embedding tables, which carry most of the parameters)."""
+    item_bias: bool = False
+    """A learned logit per target item added to the head's output: the first-order term of
+    FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
+    blocks need not carry, and the tokens model how it differs by user and context."""
+    fm: bool = False
+    """DeepFM's factorisation machine beside the blocks: the pairwise inner products of the fields
+    (context tokens, mean-pooled history, target; ``model/fm.py``) added to the head's logit
+    (Rendle 2010; Guo et al. 2017): explicit user x item and history x item crosses, meant for
+    the within-user (GAUC) order DeepFM has and the Transformer lacks. On MovieLens it did not
+    raise validation AUC or GAUC (docs/quality.md). No parameters of its own; under muP
+    multiplied by 1/m like the readout."""
+    head: Literal["cls", "target", "both"] = "both"
+    """Which token(s) the head reads."""
+    head_hidden: int = 0
+    """Hidden width of the head MLP; 0 = 2 * d_model."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches."""
+    base_rate: float = 0.5
+    """Label base rate; the head bias starts at its log-odds."""
+
+    def half_methods(self) -> list[str]:
+        """Half of DeepNet, or muP's init without muP: each is one method, and half of it alone is
+        silently not the method its name promises. A new fit refuses them
+        (``RankerModule.on_fit_start``); a checkpoint that has one still loads, for evaluation or
+        resume, since its weights are already made."""
+        out = []
+        if self.init == "mup" and not self.mup:
+            out.append(
+                "init='mup' with mup=False: muP is its init together with its LR and output "
+                "scaling; set mup=true (it brings muP's init) and drop init='mup'"
+            )
+        if self.norm_placement == "deepnorm" and self.init != "deepnorm":
+            out.append(
+                f"norm_placement='deepnorm' with init={self.init!r}: DeepNet is its placement "
+                "(alpha on the residual) together with its init (beta on v, out and the MLP); set "
+                "both norm_placement='deepnorm' and init='deepnorm', or neither"
+            )
+        return out
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers={self.n_layers} must be >= 1")
+        if not 0.0 < self.base_rate < 1.0:
+            raise ValueError(f"base_rate={self.base_rate} must be strictly between 0 and 1")
+        for name in ("dropout", "embedding_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.dense_tokens < 1:
+            raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
+        if self.mup and self.init in ("xavier", "deepnorm"):
+            raise ValueError(
+                f"mup=True with init={self.init!r}: muP scales the std of the normal-family inits "
+                "(normal, scaled, depth) by 1/sqrt(m); xavier-family inits set their own width scaling"
+            )
+        if self.init == "mup":
+            warnings.warn(
+                "model.ranker.init='mup' is deprecated: muP is one switch now; set "
+                "model.ranker.mup=true (it brings muP's init, as init='normal' scaled by 1/sqrt(m))",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if self.init == "deepnorm" and self.norm_placement != "deepnorm":
+            raise ValueError("init='deepnorm' only makes sense with norm_placement='deepnorm'")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std={self.init_std} must be > 0")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")
+        if self.base_d_model < 1:
+            raise ValueError(f"base_d_model={self.base_d_model} must be >= 1")
+        if self.mup and self.head_hidden != 0:
+            raise ValueError(
+                f"mup=True with head_hidden={self.head_hidden}: muP needs the head width to scale with "
+                "d_model; set head_hidden=0 (= 2 * d_model)"
+            )
+        if self.head_hidden < 0:
+            raise ValueError(f"head_hidden={self.head_hidden} must be >= 0 (0 = 2 * d_model)")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def width_mult(self) -> float:
+        """muP width multiplier m = d_model / base_d_model."""
+        return self.d_model / self.base_d_model
