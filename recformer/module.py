@@ -39,7 +39,13 @@ from recformer.metrics import (
 )
 from recformer.model import Arch, RankerNet, build_model
 from recformer.model.mup import hidden_lr_multiplier
-from recformer.optim import build_optimizer, build_scheduler, describe_groups
+from recformer.optim import (
+    build_optimizer,
+    build_param_groups,
+    build_scheduler,
+    describe_groups,
+    regroup_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +206,32 @@ class RankerModule(pl.LightningModule):
         if saved is not None:
             first = self._trainer is None or self._trainer.is_global_zero
             check_features(self.dims, FeatureDims(**saved), "the data", "the checkpoint", warn=first)
+        self._regroup_optimizer(checkpoint)
+
+    def _regroup_optimizer(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint whose optimizer groups the parameters otherwise than this code (written
+        before a group was added) gets its optimizer and scheduler states rearranged by parameter
+        name, so a resume keeps its Adam moments and its schedule (``optim.regroup_state``)."""
+        states = checkpoint.get("optimizer_states") or []
+        if len(states) != 1:
+            return
+        groups = build_param_groups(
+            self.ranker,
+            self.ranker.param_kinds(),
+            self.optim_cfg,
+            hidden_lr_multiplier(self.ranker.cfg),
+            self.ranker.optimizer_rules,
+        )
+        moved = regroup_state(states[0], groups)
+        if moved is None:
+            return
+        checkpoint["optimizer_states"][0], sources = moved
+        for sched in checkpoint.get("lr_schedulers") or []:
+            for key in ("base_lrs", "_last_lr"):
+                if isinstance(sched.get(key), list):
+                    sched[key] = [sched[key][i] for i in sources]
+            if isinstance(sched.get("lr_lambdas"), list):
+                sched["lr_lambdas"] = [sched["lr_lambdas"][i] for i in sources]
 
     def on_fit_start(self) -> None:
         # Here, not in setup: Lightning knows the checkpoint a fit resumes from only after setup.

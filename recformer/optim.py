@@ -311,6 +311,44 @@ class TableAdagradAdamW(torch.optim.AdamW):
             p.add_((grad / std_V1).to(p.dtype), alpha=-group["lr"])
 
 
+def regroup_state(saved: dict, groups: Sequence[dict]) -> tuple[dict, list[int]] | None:
+    """An optimizer state dict saved under another grouping of the same parameters, rearranged into
+    ``groups`` (``build_param_groups``' order) by parameter name; and for each new group, the index
+    of the saved group its hyperparameters come from (for the scheduler's per-group lists). None
+    when nothing needs to change, or when the saved groups name no parameters (too old to map).
+
+    A checkpoint written before the id tables had a group of their own ("embedding" then held the
+    tables, the CLS and slot vectors) resumes with its moments and step counts intact."""
+    old_groups = saved["param_groups"]
+    if not all("param_names" in g for g in old_groups):
+        return None
+    layout = lambda gs: [(g.get("name"), list(g["param_names"])) for g in gs]
+    if layout(old_groups) == layout(groups):
+        return None
+    where = {n: (gi, idx) for gi, g in enumerate(old_groups) for n, idx in zip(g["param_names"], g["params"])}
+    missing = sorted(n for g in groups for n in g["param_names"] if n not in where)
+    if missing:
+        raise ValueError(
+            f"the checkpoint's optimizer state has no entry for parameters {missing}; resume cannot "
+            "continue its optimizer, start a new run from its weights instead"
+        )
+    new_groups, state, sources, i = [], {}, [], 0
+    for g in groups:
+        source = where[g["param_names"][0]][0]
+        params = []
+        for n in g["param_names"]:
+            if where[n][1] in saved["state"]:
+                state[i] = saved["state"][where[n][1]]
+            params.append(i)
+            i += 1
+        keep = {k: v for k, v in old_groups[source].items() if k not in ("params", "param_names", "name")}
+        new_groups.append(
+            {**keep, "name": g["name"], "param_names": list(g["param_names"]), "params": params}
+        )
+        sources.append(source)
+    return {"state": state, "param_groups": new_groups}, sources
+
+
 def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
     """LR multiplier at ``step``: linear warmup 0 -> 1 over ``cfg.warmup_steps``, then cosine or
     linear decay to ``cfg.min_lr_ratio`` at ``total_steps`` (held there after), or constant 1."""

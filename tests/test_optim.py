@@ -17,6 +17,7 @@ from recformer.optim import (
     build_scheduler,
     describe_groups,
     lr_lambda,
+    regroup_state,
 )
 
 
@@ -282,3 +283,30 @@ def test_the_item_bias_has_a_group_and_a_rate_of_its_own():
     assert groups["hidden"]["lr"] == pytest.approx(1e-3)
     plain = Ranker(RankerConfig(d_model=16, n_heads=2), tiny_dims())
     assert "item_bias" not in {g["name"] for g in build_param_groups(plain, plain.param_kinds(), cfg)}
+
+
+def test_a_state_saved_under_the_old_grouping_is_regrouped_by_name():
+    """Before the id tables had a group, "embedding" held them with the learned vectors: such a
+    state resumes with every parameter's moments where the new groups put it."""
+    model = Toy()
+    old_kinds = {**KINDS}  # emb.weight in "embedding": the old layout
+    rules = [replace(r, allow_empty=True) for r in DEFAULT_RULES]
+    old = build_optimizer(model, old_kinds, OptimConfig(), rules=rules)
+    model(torch.tensor([[1, 2]])).sum().backward()
+    old.step()
+    saved = old.state_dict()
+    new_groups = build_param_groups(model, {**KINDS, "emb.weight": "table"}, OptimConfig(), rules=rules)
+    state, sources = regroup_state(saved, new_groups)
+    names = [n for g in state["param_groups"] for n in g["param_names"]]
+    old_index = {n: i for g in saved["param_groups"] for n, i in zip(g["param_names"], g["params"])}
+    new_index = {n: i for g in state["param_groups"] for n, i in zip(g["param_names"], g["params"])}
+    for n in names:
+        torch.testing.assert_close(
+            state["state"][new_index[n]]["exp_avg"], saved["state"][old_index[n]]["exp_avg"]
+        )
+    assert [g["name"] for g in state["param_groups"]] == [g["name"] for g in new_groups]
+    emb = [g["name"] for g in saved["param_groups"]].index("embedding")
+    assert sources[[g["name"] for g in new_groups].index("table")] == emb
+    again = build_optimizer(model, {**KINDS, "emb.weight": "table"}, OptimConfig(), rules=rules)
+    again.load_state_dict(state)  # loads: same groups, same sizes
+    assert regroup_state(again.state_dict(), new_groups) is None  # already in this layout
