@@ -5,17 +5,18 @@ tuned alike on validation, then measured over seeds with paired tests on the sam
     python bench/quality.py --stage tune --archs deepfm bst  # a part of the grid
     python bench/quality.py --stage final                    # the chosen settings, seeds 0 1 2
     python bench/quality.py --stage throughput               # training samples/s, side by side
-    python bench/quality.py --stage report                   # the README table, from the JSON files
+    python bench/quality.py --stage report                   # docs/quality.md's table, from the JSON files
 
 Every run goes through the CLI a user runs (``recformer fit``, ``recformer evaluate``), on
 the grid's ``data_dir`` (``data/movielens`` as ``recformer data movielens`` writes it) with its
 ``data_config`` (``configs/data/movielens.yaml``).
 
-- ``tune``: every model gets the same budget, the grid of ``configs/quality/grid.yaml`` (learning
-  rates times the values of one regulariser), at seed 0. A point's score is its best
-  validation AUC over the epochs (the checkpoint kept); the best point is the model's chosen
-  setting, written with every point's validation scores to ``<out>/tuning.json`` and ``chosen.json``.
-  The test split is not read.
+- ``tune``: every model gets the same budget, the coordinate search of ``configs/quality/grid.yaml``
+  (learning rate, embedding L2 penalty, dropout; ``search``), at seed 0, each run up to ``epochs``
+  epochs with early stopping. A point's score is the sum of the grid's ``score`` metrics (validation
+  AUC + GAUC) of its best validation checkpoint (by val/auc, the one kept); the best point is the
+  model's chosen setting, written with every point's validation scores, peak epoch and whether it
+  reached the cap to ``<out>/tuning.json`` and ``chosen.json``. The test split is not read.
 - ``final``: each chosen setting at every ``--seeds`` seed: the best validation checkpoint's test AUC
   with its DeLong 95% interval, GAUC, logloss (``recformer evaluate``), and the paired DeLong test of
   AUC(transformer) - AUC(baseline) on the same test rows, per seed (``evaluate --compare``).
@@ -25,7 +26,7 @@ the grid's ``data_dir`` (``data/movielens`` as ``recformer data movielens`` writ
 
 Fits run ``--jobs`` at a time, each on one torch thread (OMP_NUM_THREADS=1).
 
-Measured (2 CPU cores; the README's table is the latest):
+Measured (2 CPU cores; docs/quality.md holds the latest):
 
 - 2026-11-30: the default ``small.yaml`` with 4 heads and an MLP of 4 x width: test AUC 0.8036 ±
   0.0006, GAUC 0.6441, 14 of 15 paired intervals above zero (BST seed 0 +0.0024 [-0.0016,
@@ -291,7 +292,7 @@ def _model_row(arch: str, rs: list[dict], setting: dict, speed: dict) -> str:
 
 
 def markdown(out: Path, archs: list[str], reference: str) -> str:
-    """The README's quality table from the stages' JSON files (``--stage report``): per model its
+    """docs/quality.md's table from the stages' JSON files (``--stage report``): per model its
     chosen setting, the epoch each seed's best validation came at and how many runs reached the
     epoch cap, mean validation AUC and GAUC (the checkpoints kept), test AUC, GAUC and logloss;
     then each seed's test GAUC and the paired DeLong tests."""
