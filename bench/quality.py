@@ -320,10 +320,37 @@ def markdown(out: Path, archs: list[str], reference: str) -> str:
             if t["baseline"] == b and t["seed"] == s
         ]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    lines += ["", *targets(by_arch, tests, reference)]
+    lines += ["", *targets(by_arch, tests, reference), *_tuning_lines(out, archs)]
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     return text
+
+
+def _tuning_lines(out: Path, archs: list[str]) -> list[str]:
+    """Every point of each model's search (``tuning.json``, seed 0, validation only), best score
+    first: the setting, val AUC and the GAUC of that checkpoint, the epoch of the best validation
+    and whether the run reached the epoch cap."""
+    path = out / "tuning.json"
+    if not path.is_file():
+        return []
+    tuning = json.loads(path.read_text())
+    lines = ["", "Tuning on validation (seed 0), every point tried, best val AUC + GAUC first:"]
+    for arch in archs:
+        rs = sorted((r for r in tuning if r["arch"] == arch), key=lambda r: -(r["val_auc"] + r["val_gauc"]))
+        lines += [
+            "",
+            f"{arch}:",
+            "",
+            "| setting | val AUC | val GAUC | peak epoch | hit the cap |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for r in rs:
+            setting = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in r["setting"].items())
+            cap = "yes" if r.get("hit_cap") else "no"
+            lines.append(
+                f"| {setting} | {r['val_auc']:.4f} | {r['val_gauc']:.4f} | {r['best_epoch']} | {cap} |"
+            )
+    return lines
 
 
 def targets(by_arch: dict[str, list[dict]], tests: list[dict], reference: str) -> list[str]:

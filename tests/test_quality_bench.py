@@ -71,6 +71,7 @@ def test_quality_bench_tunes_on_validation_then_tests_the_chosen_settings_over_s
     table = (out / "report.md").read_text()  # the README's table, also printed
     assert table in proc.stdout and "| transformer | lr " in table and "| seed 0 | seed 1 |" in table
     assert table.count("\n| popularity | ") == 3  # its row, its GAUC per seed, its paired tests
+    assert "Tuning on validation" in table and "| lr 0.001 | " in table  # every point searched
 
 
 def _fake_fit(peak: dict[str, float]):
