@@ -109,8 +109,10 @@ def test_quality_search_walks_each_axis_and_extends_an_edge(tmp_path, monkeypatc
     lrs = sorted({c["model.optim.lr"] for c in calls})
     assert lrs == [3e-4, 1e-3, 3e-3, 0.01, 0.03]
     assert len(tried) == len({json.dumps(c, sort_keys=True) for c in calls})
-    start = calls[0]
-    assert start["model.optim.embedding_l2"] == 0.0 and start["model.ranker.dropout"] == 0.1  # deepfm.yaml
+    preset = yaml.safe_load((ROOT / "configs/model/deepfm.yaml").read_text())["model"]
+    start = calls[0]  # the preset's own penalty and dropout, whatever they were tuned to
+    assert start["model.optim.embedding_l2"] == preset["optim"]["embedding_l2"]
+    assert start["model.ranker.dropout"] == preset["ranker"]["dropout"]
 
 
 def test_quality_search_extends_a_penalty_up_but_not_below_zero(tmp_path, monkeypatch):
