@@ -35,7 +35,7 @@ def run_variant(spec: dict, name: str, args: list[str], seed: int, out: Path) ->
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
     base = [f"--data.data_dir={spec['data_dir']}", f"--seed_everything={seed}"]
-    base += [f"--trainer.max_epochs={spec['epochs']}"]
+    base += [f"--trainer.max_epochs={spec['epochs']}", *spec.get("args", [])]
     configs = [spec["config"], spec["data_config"]]
     run_dir, seconds = cli_runs.fit(configs, base + args, out / "runs", tag, threads=1)
     result = {"name": name, "seed": seed, "args": args, **scores(run_dir, spec["epochs"])}
