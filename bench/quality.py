@@ -281,12 +281,17 @@ def _load_stages(out: Path) -> tuple[list[dict], list[dict], dict, dict]:
     return final_rows, tests, chosen, speed
 
 
+def _setting_text(setting: dict) -> str:
+    """A setting as the report writes it: ``lr 0.001, embedding_l2 0.001, dropout 0``."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in setting.items())
+
+
 def _model_row(arch: str, rs: list[dict], setting: dict, speed: dict) -> str:
     """One model's line of the table: its runs over the seeds (``rs``, seed order)."""
     aucs, gaucs = [r["auc"] for r in rs], [r["gauc"] for r in rs]
     sd = statistics.stdev(aucs) if len(aucs) > 1 else float("nan")
     half = statistics.mean((r["auc_hi"] - r["auc_lo"]) / 2 for r in rs)
-    chosen = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in setting.items())
+    chosen = _setting_text(setting)
     sps = f"{speed[arch]['samples_per_s']:,.0f}" if arch in speed else "-"
     peaks = "/".join(str(r["best_epoch"]) for r in rs)
     capped = sum(bool(r.get("hit_cap")) for r in rs)
@@ -355,7 +360,7 @@ def _tuning_lines(out: Path, archs: list[str]) -> list[str]:
             "| --- | --- | --- | --- | --- |",
         ]
         for r in rs:
-            setting = ", ".join(f"{k.rsplit('.', 1)[-1]} {v:g}" for k, v in r["setting"].items())
+            setting = _setting_text(r["setting"])
             cap = "yes" if r.get("hit_cap") else "no"
             lines.append(
                 f"| {setting} | {r['val_auc']:.4f} | {r['val_gauc']:.4f} | {r['best_epoch']} | {cap} |"
