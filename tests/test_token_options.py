@@ -120,3 +120,49 @@ def test_the_fm_option_adds_every_pairwise_field_product_to_the_logit():
         torch.testing.assert_close(ranker(batch) - base(batch), want_B)
         logits_B, _ = ranker.forward_stats(batch)
         torch.testing.assert_close(logits_B, ranker(batch))
+
+
+def test_the_cross_network_starts_silent_and_adds_dcnv2_crosses_of_the_fields():
+    base, batch = _ranker()
+    ranker, _ = _ranker(cross_layers=2)
+    with torch.no_grad():
+        torch.testing.assert_close(ranker(batch), base(batch))  # zero output at init: the same model
+        ranker.cross.out.weight.normal_()
+        x_BTD, _ = ranker.tokens(batch)
+        # By hand: the fields as the fm test builds them, then x_{l+1} = x0 * (W x_l + b) + x_l.
+        from recformer.model import fm
+
+        x0 = fm.fields(ranker.tokens, x_BTD, batch.hist_mask).flatten(1)
+        assert x0.shape[1] == fm.n_fields(ranker.tokens) * 16
+        x = x0
+        for layer in ranker.cross.layers:
+            x = x0 * (x @ layer.linear.weight.T + layer.linear.bias) + x
+        torch.testing.assert_close(ranker(batch) - base(batch), (x @ ranker.cross.out.weight.T)[:, 0])
+        logits_B, _ = ranker.forward_stats(batch)
+        torch.testing.assert_close(logits_B, ranker(batch))
+    kinds = ranker.param_kinds()
+    assert kinds["cross.out.weight"] == "readout" and kinds["cross.layers.0.linear.weight"] == "hidden"
+    assert kinds["cross.layers.1.linear.bias"] == "vector"
+
+
+def test_cross_layers_must_not_be_negative():
+    with pytest.raises(ValueError, match="cross_layers=-1 must be >= 0"):
+        RankerConfig(d_model=16, n_heads=2, cross_layers=-1)
+
+
+@pytest.mark.parametrize("cross_layers", [0, 1])
+def test_head_fields_feeds_the_head_the_fields_crossed_or_not(cross_layers):
+    ranker, batch = _ranker(head_fields=True, cross_layers=cross_layers)
+    from recformer.model import fm
+
+    n_fields = fm.n_fields(ranker.tokens)
+    assert ranker.head.hidden.in_features == 2 * 16 + n_fields * 16
+    assert cross_layers == 0 or ranker.cross.out is None  # the crossed fields feed the head only
+    seen = {}
+    ranker.head.hidden.register_forward_pre_hook(lambda m, inp: seen.update(x=inp[0]))
+    with torch.no_grad():
+        ranker(batch)
+        x_BTD, _ = ranker.tokens(batch)
+        v_BX = fm.fields(ranker.tokens, x_BTD, batch.hist_mask).flatten(1)
+        want = v_BX if cross_layers == 0 else ranker.cross.cross(v_BX.view(6, n_fields, 16))
+    torch.testing.assert_close(seen["x"][:, 2 * 16 :], want)

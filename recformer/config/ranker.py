@@ -71,6 +71,15 @@ class RankerConfig:
     the within-user (GAUC) order DeepFM has and the Transformer lacks. On MovieLens it did not
     raise validation AUC or GAUC (docs/quality.md). No parameters of its own; under muP
     multiplied by 1/m like the readout."""
+    cross_layers: int = 0
+    """DCN-V2's cross network beside the blocks (Wang et al. 2021; ``model/cross.py``): this many
+    full-rank cross layers over the same fields as ``fm``, projected to a logit added to the head's
+    (the parallel DCN-V2 with the blocks as its deep network): explicit user x item crosses of any
+    degree up to cross_layers + 1. 0: none. Under muP multiplied by 1/m like the readout."""
+    head_fields: bool = False
+    """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
+    when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
+    stacked DCN-V2 / Wide & Deep's deep part, with the blocks' readout as one more input."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0
@@ -139,6 +148,8 @@ class RankerConfig:
                 f"mup=True with head_hidden={self.head_hidden}: muP needs the head width to scale with "
                 "d_model; set head_hidden=0 (= 2 * d_model)"
             )
+        if self.cross_layers < 0:
+            raise ValueError(f"cross_layers={self.cross_layers} must be >= 0 (0 = no cross network)")
         if self.head_hidden < 0:
             raise ValueError(f"head_hidden={self.head_hidden} must be >= 0 (0 = 2 * d_model)")
 

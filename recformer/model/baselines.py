@@ -35,6 +35,7 @@ from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops, fm
 from recformer.model.blocks import PostNormBlock
+from recformer.model.cross import CrossLayer
 from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_tokens
 from recformer.model.protocol import BlockStats, ParamKind
@@ -229,17 +230,6 @@ class DeepFMRanker(TokenBaseline):
         return (self.first(flat_BX).squeeze(-1) + fm_B + self.out(self.dnn(flat_BX)).squeeze(-1)).float()
 
 
-class CrossLayer(nn.Module):
-    """x_{l+1} = x_0 * (W x_l + b) + x_l (DCN-V2's full-rank cross layer)."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(d, d)
-
-    def forward(self, x0_BX: torch.Tensor, x_BX: torch.Tensor) -> torch.Tensor:
-        return x0_BX * self.linear(x_BX) + x_BX
-
-
 class DCNv2Ranker(TokenBaseline):
     """DCN-V2 (Wang et al. 2021): ``n_layers`` cross layers over the concatenated field embeddings,
     then a DNN (``stacked``), or a DNN beside them whose outputs are concatenated (``parallel``)."""
@@ -254,8 +244,8 @@ class DCNv2Ranker(TokenBaseline):
         self.dnn = _mlp(d_in, widths, cfg.dropout)
         self.out = nn.Linear(widths[-1] + (d_in if parallel else 0), 1)
         self._init()
-        for layer in self.cross:  # Glorot, the Keras default of the paper's code; zero bias
-            nn.init.xavier_normal_(layer.linear.weight)
+        for layer in self.cross:
+            layer.reset()
 
     def flop_terms(self) -> list[flops.Term]:
         once = sum(flops.matrix_params(m) for m in (self.cross, self.dnn, self.out))

@@ -54,6 +54,8 @@ class Initialisable(Protocol):
     head: nn.Module
     """``Head``: ``hidden`` and ``out`` linear layers."""
     item_bias: nn.Embedding | None
+    cross: nn.Module | None
+    """``CrossTower`` or None: initialises itself (``reset``)."""
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
@@ -171,11 +173,21 @@ def init_weights(ranker: Initialisable) -> set[str]:
     head.out.weight.zero_()
     head.out.bias.fill_(math.log(cfg.base_rate / (1.0 - cfg.base_rate)))
     done(head.hidden.weight, head.hidden.bias, head.out.weight, head.out.bias)
-    if ranker.item_bias is not None:  # zero: the head's bias holds the base rate alone
-        ranker.item_bias.weight.zero_()
-        done(ranker.item_bias.weight)
+    done(*_init_beside(ranker))
 
     missing = sorted(set(names.values()) - covered)
     if missing:
         raise RuntimeError(f"init_weights({cfg.init!r}) does not cover these parameters: {missing}")
     return covered
+
+
+def _init_beside(ranker: Initialisable) -> list[torch.Tensor]:
+    """The terms beside the blocks, each starting silent; returns their parameters."""
+    params: list[torch.Tensor] = []
+    if ranker.item_bias is not None:  # zero: the head's bias holds the base rate alone
+        ranker.item_bias.weight.zero_()
+        params.append(ranker.item_bias.weight)
+    if ranker.cross is not None:  # Glorot cross layers, a zero output
+        ranker.cross.reset()
+        params += list(ranker.cross.parameters())
+    return params

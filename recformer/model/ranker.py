@@ -23,6 +23,7 @@ from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops, fm
 from recformer.model.blocks import NORMALISED_STREAM, make_block
+from recformer.model.cross import CrossTower
 from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_weights
 from recformer.model.mup import readout_multiplier
@@ -38,10 +39,11 @@ class Head(nn.Module):
     of Yang et al. 2022: the readout's fan-in grows with width while its Adam LR stays constant.
     """
 
-    def __init__(self, cfg: RankerConfig) -> None:
+    def __init__(self, cfg: RankerConfig, d_fields: int = 0) -> None:
+        """``d_fields``: the width of the flattened fields it reads too (``head_fields``), or 0."""
         super().__init__()
         self.read = cfg.head
-        n_in = 2 * cfg.d_model if cfg.head == "both" else cfg.d_model
+        n_in = (2 * cfg.d_model if cfg.head == "both" else cfg.d_model) + d_fields
         self.hidden = nn.Linear(n_in, cfg.head_hidden or 2 * cfg.d_model)
         self.out = nn.Linear(self.hidden.out_features, 1)
         self.readout_mult = readout_multiplier(cfg)
@@ -57,9 +59,11 @@ class Head(nn.Module):
     def select(self, x_BTD: torch.Tensor) -> torch.Tensor:
         return x_BTD[:, self.keep(x_BTD.shape[1])]
 
-    def forward(self, z_BRD: torch.Tensor) -> torch.Tensor:
-        """``z_BRD``: the selected (and normalised) tokens; returns logits [B]."""
-        h_BM = F.gelu(self.hidden(z_BRD.flatten(1)))
+    def forward(self, z_BRD: torch.Tensor, fields_BX: torch.Tensor | None = None) -> torch.Tensor:
+        """``z_BRD``: the selected (and normalised) tokens; ``fields_BX``: the flattened fields when
+        it reads them; returns logits [B]."""
+        x_BX = z_BRD.flatten(1) if fields_BX is None else torch.cat([z_BRD.flatten(1), fields_BX], -1)
+        h_BM = F.gelu(self.hidden(x_BX))
         if self.readout_mult != 1.0:
             h_BM = h_BM * self.readout_mult
         return self.out(h_BM).squeeze(-1)
@@ -80,8 +84,12 @@ class Ranker(nn.Module):
         self.final_norm = (
             nn.Identity() if cfg.norm_placement in NORMALISED_STREAM else make_norm(cfg.norm, cfg.d_model)
         )
-        self.head = Head(cfg)
+        d_fields = fm.n_fields(self.tokens) * cfg.d_model
+        self.head = Head(cfg, d_fields if cfg.head_fields else 0)
         self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
+        self.cross = (
+            CrossTower(d_fields, cfg.cross_layers, readout=not cfg.head_fields) if cfg.cross_layers else None
+        )
         init_weights(self)
 
     @property
@@ -109,7 +117,8 @@ class Ranker(nn.Module):
         terms = self.tokens.flop_terms()
         for i, block in enumerate(self.blocks):
             terms += flops.block_terms(block, D, T, R if i == len(self.blocks) - 1 else None)
-        return terms + [flops.Matmul(flops.matrix_params(self.head), 1)]
+        once = flops.matrix_params(self.head) + (flops.matrix_params(self.cross) if self.cross else 0)
+        return terms + [flops.Matmul(once, 1)]
 
     def param_kinds(self) -> dict[str, ParamKind]:
         """muP / optimizer category of every parameter (Yang et al. 2022, Table 3 for Adam):
@@ -128,7 +137,7 @@ class Ranker(nn.Module):
         for name, p in self.named_parameters():
             if name.startswith("tokens."):
                 continue
-            elif name == "head.out.weight":
+            elif name in ("head.out.weight", "cross.out.weight"):
                 kinds[name] = "readout"
             elif name == "item_bias.weight":
                 kinds[name] = "table"
@@ -143,25 +152,33 @@ class Ranker(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         """Click logits, float32 [B]."""
         x_BTD, valid_BT = self.tokens(batch)
-        wide_B = self._wide(x_BTD, batch)
+        wide_B, fields_BX = self._beside(x_BTD, batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         for block in self.blocks[:-1]:
             x_BTD = block(x_BTD, attend_B11T)
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
         # and MLP on R tokens instead of T); their keys and values still come from every token.
         z_BRD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
-        return self._logits(self.head(self.final_norm(z_BRD)), wide_B)
+        return self._logits(self.head(self.final_norm(z_BRD), fields_BX), wide_B)
 
-    def _wide(self, x_BTD: torch.Tensor, batch: Batch) -> torch.Tensor | None:
-        """The terms added beside the blocks, from the tokens and the target: the per-item bias
-        (``item_bias``) and the FM crosses (``fm``); None when neither is on."""
-        wide_B = None
+    def _beside(self, x_BTD: torch.Tensor, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What the tokens feed beside the blocks: the logit terms added to the head's (the per-item
+        bias ``item_bias``, the FM crosses ``fm``, the cross network ``cross_layers``; the crosses
+        read out like the head, times muP's 1/m), and the flattened fields the head reads
+        (``head_fields``, through the cross layers when there are some); each None when off."""
+        wide, fields_BX = [], None
         if self.item_bias is not None:
-            wide_B = self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1)
-        if self.cfg.fm:
-            cross_B = fm.pairwise(fm.fields(self.tokens, x_BTD, batch.hist_mask)) * self.head.readout_mult
-            wide_B = cross_B if wide_B is None else wide_B + cross_B
-        return wide_B
+            wide.append(self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1))
+        if self.cfg.fm or self.cross is not None or self.cfg.head_fields:
+            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask)
+            crossed_BX = None if self.cross is None else self.cross.cross(v_BFD)
+            if self.cfg.fm:
+                wide.append(fm.pairwise(v_BFD) * self.head.readout_mult)
+            if self.cross is not None and self.cross.out is not None:
+                wide.append(self.cross.out(crossed_BX).squeeze(-1) * self.head.readout_mult)
+            if self.cfg.head_fields:
+                fields_BX = v_BFD.flatten(1) if crossed_BX is None else crossed_BX
+        return (sum(wide[1:], wide[0]) if wide else None), fields_BX
 
     @staticmethod
     def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
@@ -171,7 +188,7 @@ class Ranker(nn.Module):
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
         """The logits of ``forward`` and the blocks' statistics (``BlockStats``), eagerly."""
         x_BTD, valid_BT = self.tokens(batch)
-        wide_B = self._wide(x_BTD, batch)
+        wide_B, fields_BX = self._beside(x_BTD, batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
         if valid_BT is None:
             valid_BT = torch.ones(x_BTD.shape[:2], dtype=torch.bool, device=x_BTD.device)
@@ -191,7 +208,7 @@ class Ranker(nn.Module):
             hidden.append(y_BTD.detach())
             x_BTD = y_BTD
         # Select first, then normalise: the final norm is per token, so only the read tokens need it.
-        logits_B = self._logits(self.head(self.final_norm(self.head.select(x_BTD))), wide_B)
+        logits_B = self._logits(self.head(self.final_norm(self.head.select(x_BTD)), fields_BX), wide_B)
         stats = BlockStats(
             hidden, torch.stack(resid), torch.stack(logit_max), torch.stack(entropy), torch.stack(cos)
         )
