@@ -166,3 +166,16 @@ def test_head_fields_feeds_the_head_the_fields_crossed_or_not(cross_layers):
         v_BX = fm.fields(ranker.tokens, x_BTD, batch.hist_mask).flatten(1)
         want = v_BX if cross_layers == 0 else ranker.cross.cross(v_BX.view(6, n_fields, 16))
     torch.testing.assert_close(seen["x"][:, 2 * 16 :], want)
+
+
+def test_head_product_feeds_the_head_the_cls_times_target_readout():
+    ranker, batch = _ranker(head_product=True)
+    assert ranker.head.hidden.in_features == 3 * 16
+    seen = {}
+    ranker.head.hidden.register_forward_pre_hook(lambda m, inp: seen.update(x=inp[0]))
+    with torch.no_grad():
+        ranker(batch)
+    x = seen["x"]
+    torch.testing.assert_close(x[:, 32:], x[:, :16] * x[:, 16:32])
+    with pytest.raises(ValueError, match="head_product=True needs head='both'"):
+        RankerConfig(d_model=16, n_heads=2, head="cls", head_product=True)

@@ -80,6 +80,10 @@ class RankerConfig:
     """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
     when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
     stacked DCN-V2 / Wide & Deep's deep part, with the blocks' readout as one more input."""
+    head_product: bool = False
+    """With ``head: both``, the head's MLP also reads the elementwise product of the CLS and target
+    readouts: an explicit user x item interaction (the h * t input of DIN's attention unit, the
+    inner product of a two-tower model) that an MLP over their concatenation only approximates."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0
@@ -147,6 +151,10 @@ class RankerConfig:
             raise ValueError(
                 f"mup=True with head_hidden={self.head_hidden}: muP needs the head width to scale with "
                 "d_model; set head_hidden=0 (= 2 * d_model)"
+            )
+        if self.head_product and self.head != "both":
+            raise ValueError(
+                f"head_product=True needs head='both' (the CLS and target readouts), not {self.head!r}"
             )
         if self.cross_layers < 0:
             raise ValueError(f"cross_layers={self.cross_layers} must be >= 0 (0 = no cross network)")

@@ -43,7 +43,9 @@ class Head(nn.Module):
         """``d_fields``: the width of the flattened fields it reads too (``head_fields``), or 0."""
         super().__init__()
         self.read = cfg.head
+        self.product = cfg.head_product
         n_in = (2 * cfg.d_model if cfg.head == "both" else cfg.d_model) + d_fields
+        n_in += cfg.d_model if cfg.head_product else 0
         self.hidden = nn.Linear(n_in, cfg.head_hidden or 2 * cfg.d_model)
         self.out = nn.Linear(self.hidden.out_features, 1)
         self.readout_mult = readout_multiplier(cfg)
@@ -62,7 +64,12 @@ class Head(nn.Module):
     def forward(self, z_BRD: torch.Tensor, fields_BX: torch.Tensor | None = None) -> torch.Tensor:
         """``z_BRD``: the selected (and normalised) tokens; ``fields_BX``: the flattened fields when
         it reads them; returns logits [B]."""
-        x_BX = z_BRD.flatten(1) if fields_BX is None else torch.cat([z_BRD.flatten(1), fields_BX], -1)
+        parts = [z_BRD.flatten(1)]
+        if self.product:
+            parts.append(z_BRD[:, 0] * z_BRD[:, 1])
+        if fields_BX is not None:
+            parts.append(fields_BX)
+        x_BX = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
         h_BM = F.gelu(self.hidden(x_BX))
         if self.readout_mult != 1.0:
             h_BM = h_BM * self.readout_mult
