@@ -23,6 +23,8 @@ GAUC is per user, weighted by rows, over users with both labels (``recformer.met
 Measured 2026-12-02 (2 CPU cores, the shipped MovieLens split, quality.py's seed-0 runs):
 
 - item prior feature: test GAUC 0.6353; biases alone: 0.6435; rank 32: 0.6483 (popularity 0.6438);
+- user prior feature (2026-12-03): val AUC 0.7305, GAUC 0.3744; test 0.7196, 0.3818 (within a
+  user it follows the labels of the user's earlier rows of the split: ``bench/request_gauc.py``);
 - last-5 rating mean: val AUC 0.740, GAUC 0.497; last 50: 0.750, 0.441;
 - within-user correlation of the logits with the last-5 mean: BST 0.367, Transformer 0.349,
   DIN 0.214, DeepFM 0.137, popularity 0.056; the Transformer's GAUC without that part: 0.6426 ->
@@ -44,6 +46,9 @@ from recformer.metrics.exact import exact_auc, gauc
 ROOT = Path(__file__).resolve().parents[1]
 PRIOR = "item_pos_rate_prior"
 """The item's positive rate before the row, a column ``recformer data movielens`` writes."""
+USER_PRIOR = "user_pos_rate_prior"
+"""The user's positive rate before the row (``recformer data movielens``): it separates users and,
+within one user's rows of a split, follows the labels of that user's earlier rows of the split."""
 
 
 def load(data: Path, split: str) -> dict[str, np.ndarray]:
@@ -53,8 +58,9 @@ def load(data: Path, split: str) -> dict[str, np.ndarray]:
     if spec.group is None:
         raise SystemExit(f"{data / 'spec.yaml'}: GAUC needs a group column (group: user_id)")
     names = {"user_id": spec.group, "item_id": spec.item.column, "label": spec.label}
-    if PRIOR in pq.ParquetDataset(data / split).schema.names:
-        names[PRIOR] = PRIOR
+    for column in (PRIOR, USER_PRIOR):
+        if column in pq.ParquetDataset(data / split).schema.names:
+            names[column] = column
     t = pq.read_table(data / split, columns=list(names.values()))
     return {k: t[c].to_numpy() for k, c in names.items()}
 
@@ -174,6 +180,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=Path, default=ROOT / "bench" / "out" / "quality" / "runs")
     p.add_argument("--mix", default=None, help="a run folder name under --runs")
+    p.add_argument("--split", default="val", choices=["val", "test"], help="the split --mix scores")
     p.add_argument(
         "--with",
         dest="others",
@@ -184,22 +191,22 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(2)
     if a.mix:
-        s, y, g = logits_of(best_checkpoint(a.runs / a.mix), a.data, "val")
-        rows = load(a.data, "val")
+        s, y, g = logits_of(best_checkpoint(a.runs / a.mix), a.data, a.split)
+        rows = load(a.data, a.split)
         if not (np.array_equal(rows["label"], y) and np.array_equal(rows["user_id"], g)):
-            raise SystemExit(f"{a.data / 'val'}: the loader's row order is not the files' order")
-        recent = recent_means(a.data, "val", a.history_ratings, (5, 50))
-        print(f"{a.mix}: val AUC {exact_auc(s, y):.4f} GAUC {gauc(g, s, y)[0]:.4f}")
+            raise SystemExit(f"{a.data / a.split}: the loader's row order is not the files' order")
+        recent = recent_means(a.data, a.split, a.history_ratings, (5, 50))
+        print(f"{a.mix}: {a.split} AUC {exact_auc(s, y):.4f} GAUC {gauc(g, s, y)[0]:.4f}")
         if recent:
             print(f"  {recency_part(s, g, y, recent)}")
         for other in a.others:
-            o, _, _ = logits_of(best_checkpoint(a.runs / other), a.data, "val")
-            print(f"{other}: val AUC {exact_auc(o, y):.4f} GAUC {gauc(g, o, y)[0]:.4f}")
+            o, _, _ = logits_of(best_checkpoint(a.runs / other), a.data, a.split)
+            print(f"{other}: {a.split} AUC {exact_auc(o, y):.4f} GAUC {gauc(g, o, y)[0]:.4f}")
             if recent:
                 print(f"  {recency_part(o, g, y, recent)}")
             for w in (0.5, 1.0, 2.0):
                 m = s + w * o
-                print(f"  run + {w:g} x its logit: val AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
+                print(f"  run + {w:g} x its logit: {a.split} AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
         return
     evaluated = {split: load(a.data, split) for split in ("val", "test")}
     for split, d in evaluated.items():
@@ -210,11 +217,10 @@ def main() -> None:
                 f"GAUC {gauc(d['user_id'], r, d['label'])[0]:.4f}"
             )
     for name, d in evaluated.items():
-        if PRIOR not in d:
-            break
-        prior = d[PRIOR]
-        g = gauc(d["user_id"], prior, d["label"])[0]
-        print(f"item prior rate feature: {name} AUC {exact_auc(prior, d['label']):.4f} GAUC {g:.4f}")
+        for column, what in ((PRIOR, "item"), (USER_PRIOR, "user")):
+            if column in d:
+                auc, g = exact_auc(d[column], d["label"]), gauc(d["user_id"], d[column], d["label"])[0]
+                print(f"{what} prior rate feature: {name} AUC {auc:.4f} GAUC {g:.4f}")
     for k in a.factors:
         best = factorise(a.data, k, a.l2, a.epochs, a.seed)
         print(
