@@ -206,7 +206,8 @@ def main() -> None:
                 print(f"  {recency_part(o, g, y, recent)}")
             for w in (0.5, 1.0, 2.0):
                 m = s + w * o
-                print(f"  run + {w:g} x its logit: {a.split} AUC {exact_auc(m, y):.4f} GAUC {gauc(g, m, y)[0]:.4f}")
+                auc, g_auc = exact_auc(m, y), gauc(g, m, y)[0]
+                print(f"  run + {w:g} x its logit: {a.split} AUC {auc:.4f} GAUC {g_auc:.4f}")
         return
     evaluated = {split: load(a.data, split) for split in ("val", "test")}
     for split, d in evaluated.items():
