@@ -114,7 +114,10 @@ def main() -> None:
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--runs", type=Path, default=ROOT / "bench" / "out" / "quality" / "runs")
     p.add_argument(
-        "--runs-of", nargs="+", default=["transformer", "din", "deepfm", "dcnv2", "bst", "popularity"]
+        "--runs-of",
+        nargs="*",
+        default=["transformer", "din", "deepfm", "dcnv2", "bst", "popularity"],
+        help="quality.py's chosen runs of these archs (none: the --ckpt files only)",
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--ckpt", type=Path, nargs="*", default=[], help="more checkpoints to score")
@@ -133,7 +136,8 @@ def main() -> None:
     g, y = batch.group.numpy(), batch.label.numpy()
     print(f"{a.split}: {len(y):,} rows; request side: context, history, {a.request_dense}")
     print("| model | AUC | GAUC | request GAUC |\n| --- | --- | --- | --- |")
-    for name, ckpt in run_checkpoints(a.runs, a.runs_of, a.seeds) + [(str(c), c) for c in a.ckpt]:
+    runs = run_checkpoints(a.runs, a.runs_of, a.seeds) if a.runs_of else []
+    for name, ckpt in runs + [(str(c), c) for c in a.ckpt]:
         s, r = scores(ckpt, batch), scores(ckpt, fixed)
         print(
             f"| {name} | {exact_auc(s, y):.4f} | {gauc(g, s, y)[0]:.4f} | {gauc(g, r, y)[0]:.4f} |",
