@@ -37,7 +37,7 @@ OPTIONS = {
     "content=all": {"content_tokens": "all"},
     "dense per feature": {"dense_per_feature": True},
     "fm": {"fm": True},
-    "cross 2": {"cross_layers": 2},
+    "cross 1": {"cross_layers": 1},
     "4 heads, MLP 4x": {"n_heads": 4, "mlp_ratio": 4.0},
 }
 """Options measured against the Transformer's own settings (name: ranker config changes): the

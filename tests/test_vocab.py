@@ -139,7 +139,7 @@ def test_a_cold_item_reads_the_oov_id_embedding_and_its_own_features(raw_data):
     want = torch.tensor([1.0, V, 0.0, 0.0]).repeat(len(batch))[: len(batch)]
     torch.testing.assert_close(popularity(batch) - popularity.bias, want)
     x_BTD, _ = biased.tokens(batch)
-    torch.testing.assert_close(biased._wide(x_BTD, batch), want)
+    torch.testing.assert_close(biased._beside(x_BTD, batch)[0], want)
 
 
 def test_string_keys_come_back_in_the_predictions(raw_data, tmp_path):
