@@ -3,6 +3,7 @@ tuned alike on validation, then measured over seeds with paired tests on the sam
 
     python bench/quality.py                                  # tune, final, throughput (hours on 2 cores)
     python bench/quality.py --stage tune --archs deepfm bst  # a part of the grid
+    python bench/quality.py --stage joint                    # the joint lr x L2 pass from chosen.json
     python bench/quality.py --stage final                    # the chosen settings, seeds 0 1 2
     python bench/quality.py --stage throughput               # training samples/s, side by side
     python bench/quality.py --stage report                   # docs/quality.md's table, from the JSON files
@@ -178,9 +179,9 @@ def search(grid: dict, arch: str, out: Path) -> tuple[dict, list[dict]]:
     """Coordinate search of ``arch``'s setting on validation, at seed 0: from the preset's values,
     each axis in the grid's order tried at all of its values with the others held, the best kept;
     an axis whose best sits on an edge of its values gets the next value beyond it until it does
-    not; then the first axis (the learning rate) once more at the final setting of the others.
-    Every model gets the same axes and values (``models.<arch>.axes`` drops the ones a model does
-    not have), so the same budget."""
+    not; then the first axis (the learning rate) once more at the final setting of the others; last
+    the learning rate and the penalty together (``joint``). Every model gets the same axes and
+    values (``models.<arch>.axes`` drops the ones a model does not have), so the same budget."""
     axes = grid["models"][arch].get("axes", list(grid["axes"]))
     current = {k: preset_value(grid, arch, k) for k in axes}
     tried: dict[str, dict] = {}
@@ -196,7 +197,36 @@ def search(grid: dict, arch: str, out: Path) -> tuple[dict, list[dict]]:
                 break
             values = sorted([*values, new])
         current = best["setting"]
-    return current, list(tried.values())
+    return joint(grid, arch, axes, current, tried, out), list(tried.values())
+
+
+def joint(grid: dict, arch: str, axes: list[str], current: dict, tried: dict[str, dict], out: Path) -> dict:
+    """The first two axes (learning rate, embedding L2 penalty) together around ``current``: every
+    pair of their values next to it (each axis's grid and tried values, one either side), moving to
+    the best pair until ``current`` is the best of its neighbourhood. One axis at a time never
+    reaches a pair that pays only with both changed (a lower rate with a penalty, from a start
+    that tried the penalty at a high rate). ``tried`` (key: the setting's JSON) gains the points."""
+    if len(axes) < 2:
+        return current
+    a, b = axes[:2]
+    near = {k: _neighbours(grid, k, current[k], tried) for k in (a, b)}
+    while True:
+        settings = [{**current, a: x, b: y} for x in near[a] for y in near[b]]
+        todo = [s for s in settings if json.dumps(s, sort_keys=True) not in tried]
+        for r in parallel(len(todo), [(fit, arch, grid, s, 0, out) for s in todo]):
+            tried[json.dumps(r["setting"], sort_keys=True)] = r
+        best = max((tried[json.dumps(s, sort_keys=True)] for s in settings), key=lambda r: score(grid, r))
+        if best["setting"] == current:
+            return current
+        current = best["setting"]
+        near = {k: _neighbours(grid, k, current[k], tried) for k in (a, b)}
+
+
+def _neighbours(grid: dict, key: str, value: object, tried: dict[str, dict]) -> list:
+    """``value`` and the values either side of it among the axis's grid values and those tried."""
+    values = sorted(set(grid["axes"][key]["values"]) | {json.loads(k)[key] for k in tried} | {value})
+    i = values.index(value)
+    return values[max(0, i - 1) : i + 2]
 
 
 def parallel(jobs: int, calls: list[tuple]) -> list[dict]:
@@ -208,6 +238,27 @@ def parallel(jobs: int, calls: list[tuple]) -> list[dict]:
 def tune(grid: dict, archs: list[str], out: Path, jobs: int) -> dict[str, dict]:
     """Every model's coordinate search (``search``) at once, sharing ``jobs`` fit slots."""
     found = dict(zip(archs, parallel(len(archs), [(search, grid, a, out) for a in archs])))
+    return _record(grid, archs, found, out)
+
+
+def tune_joint(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
+    """The search's last step (``joint``) alone, from each model's setting in ``chosen.json`` with
+    the points of ``tuning.json``: what ``tune`` now ends with, for a tuning run before it did."""
+    chosen = json.loads((out / "chosen.json").read_text())
+    rows = json.loads((out / "tuning.json").read_text())
+
+    def one(arch: str) -> tuple[dict, list[dict]]:
+        axes = grid["models"][arch].get("axes", list(grid["axes"]))
+        mine = [r for r in rows if r["arch"] == arch and r["seed"] == 0]
+        tried = {json.dumps(r["setting"], sort_keys=True): r for r in mine}
+        return joint(grid, arch, axes, chosen[arch], tried, out), list(tried.values())
+
+    return _record(grid, archs, dict(zip(archs, parallel(len(archs), [(one, a) for a in archs]))), out)
+
+
+def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) -> dict[str, dict]:
+    """Print every model's points (best first) and merge them into tuning.json, the choices into
+    chosen.json; the chosen points."""
     results = [r for a in archs for r in found[a][1]]
     chosen = {}
     for arch in archs:
@@ -413,7 +464,9 @@ def _merge_dict(path: Path, d: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stage", choices=["tune", "final", "throughput", "report", "all"], default="all")
+    p.add_argument(
+        "--stage", choices=["tune", "joint", "final", "throughput", "report", "all"], default="all"
+    )
     p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
     p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -430,6 +483,8 @@ def main() -> None:
         cli_runs.run([sys.executable, "-m", "recformer", "data", "movielens", "--out", "data/movielens"])
     if a.stage in ("tune", "all"):
         tune(grid, archs, a.out, a.jobs)
+    if a.stage == "joint":
+        tune_joint(grid, archs, a.out)
     if a.stage in ("final", "all"):
         final(grid, archs, a.seeds, a.out, a.jobs, a.reference)
     if a.stage in ("throughput", "all"):

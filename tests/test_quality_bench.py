@@ -152,3 +152,32 @@ def test_gauc_headroom_factorises_the_train_split_and_scores_its_chosen_epoch(ti
     assert best["epoch"] in (0, 1)
     for key in ("val_auc", "val_gauc", "test_auc", "test_gauc"):
         assert 0.0 <= best[key] <= 1.0, key
+
+
+def test_the_joint_pass_reaches_a_pair_that_pays_only_with_both_changed(tmp_path, monkeypatch):
+    """Rate and penalty each worse alone, better together: one axis at a time stays put, the joint
+    pass moves there and stops when its neighbourhood holds nothing better."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling cli_runs
+    q = load_bench("quality")
+    grid = yaml.safe_load((ROOT / "configs/quality/grid.yaml").read_text())
+    lr, l2, dr = "model.optim.lr", "model.optim.embedding_l2", "model.ranker.dropout"
+    table = {(1e-3, 1e-3): 0.80, (3e-4, 1e-3): 0.79, (1e-3, 1e-2): 0.79, (3e-4, 1e-2): 0.82}
+    calls = []
+
+    def fit(arch, grid, setting, seed, out):
+        calls.append(dict(setting))
+        auc = table.get((setting[lr], setting[l2]), 0.7)
+        return {"arch": arch, "setting": setting, "seed": seed, "val_auc": auc, "val_gauc": 0.6}
+
+    monkeypatch.setattr(q, "fit", fit)
+    start = {lr: 1e-3, l2: 1e-3, dr: 0.1}
+    tried = {}
+    chosen = q.joint(grid, "deepfm", [lr, l2, dr], start, tried, tmp_path)
+    assert chosen == {lr: 3e-4, l2: 1e-2, dr: 0.1}
+    first = {(c[lr], c[l2]) for c in calls[:9]}  # the 3 x 3 around the start, dropout held
+    assert first == {(a, b) for a in (3e-4, 1e-3, 3e-3) for b in (0.0, 1e-3, 1e-2)}
+    assert all(c[dr] == 0.1 for c in calls)
+    assert len(calls) == len({json.dumps(c, sort_keys=True) for c in calls})  # no point twice
+    assert {(c[lr], c[l2]) for c in calls[9:]} == {(3e-4, 0.1), (1e-3, 0.1)}  # the new neighbours
