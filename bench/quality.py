@@ -45,6 +45,9 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   chose), scored best on validation (0.8098 / 0.6572) and is the default: test AUC 0.8082 ±
   0.0042, level with DIN, ahead of DeepFM (0.7956) and DCN-V2 (0.7989) on every seed; GAUC 0.6583
   against popularity's 0.6434 and DeepFM's 0.6729; 3,227 samples/s, 2.07x BST (1,557).
+- 2026-12-03, the joint lr x L2 pass (``--stage joint``) from every chosen point, the earlier points
+  reused: 19 new points, none better than a model's chosen one (closest: DCN-V2 at lr 3e-3 without
+  the penalty, 0.8007 / 0.6710 against 0.8057 / 0.6821); no choice moved.
 """
 
 from __future__ import annotations
