@@ -75,7 +75,8 @@ class RankerConfig:
     """DCN-V2's cross network beside the blocks (Wang et al. 2021; ``model/cross.py``): this many
     full-rank cross layers over the same fields as ``fm``, projected to a logit added to the head's
     (the parallel DCN-V2 with the blocks as its deep network): explicit user x item crosses of any
-    degree up to cross_layers + 1. 0: none. Under muP multiplied by 1/m like the readout."""
+    degree up to cross_layers + 1. 0: none. Under muP its logit is multiplied by 1/m like the
+    readout; its layers keep DCN-V2's Glorot init (not width-scaled)."""
     head_fields: bool = False
     """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
     when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
