@@ -212,8 +212,8 @@ def joint(grid: dict, arch: str, axes: list[str], current: dict, tried: dict[str
     if len(axes) < 2:
         return current
     a, b = axes[:2]
-    near = {k: _neighbours(grid, k, current[k], tried) for k in (a, b)}
     while True:
+        near = {k: _neighbours(grid, k, current[k], tried) for k in (a, b)}
         settings = [{**current, a: x, b: y} for x in near[a] for y in near[b]]
         todo = [s for s in settings if json.dumps(s, sort_keys=True) not in tried]
         for r in parallel(len(todo), [(fit, arch, grid, s, 0, out) for s in todo]):
@@ -222,7 +222,6 @@ def joint(grid: dict, arch: str, axes: list[str], current: dict, tried: dict[str
         if best["setting"] == current:
             return current
         current = best["setting"]
-        near = {k: _neighbours(grid, k, current[k], tried) for k in (a, b)}
 
 
 def _neighbours(grid: dict, key: str, value: object, tried: dict[str, dict]) -> list:

@@ -83,10 +83,8 @@ def tensors(batch) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def scores(ckpt: Path, batch, size: int = 4096) -> np.ndarray:
-    from recformer.evaluate import load_module
-
-    module = load_module(ckpt)
+def scores(module, batch, size: int = 4096) -> np.ndarray:
+    """``module``'s logits of every row of ``batch``, ``size`` rows at a time."""
     parts = tensors(batch)
     n = len(batch.label)
     chunks = [
@@ -98,12 +96,15 @@ def scores(ckpt: Path, batch, size: int = 4096) -> np.ndarray:
 
 def run_checkpoints(runs: Path, archs: list[str], seeds: list[int]) -> list[tuple[str, Path]]:
     """The kept checkpoint of quality.py's chosen run of each arch and seed."""
+    from quality import name_of  # noqa: PLC0415 (bench/ is not a package: its sibling script)
+
     chosen = json.loads((runs.parent / "chosen.json").read_text())
     out = []
     for arch in archs:
-        setting = "-".join(f"{k.split('.')[-1]}{v}" for k, v in chosen[arch].items())
         for seed in seeds:
-            done = json.loads((runs / f"{arch}-{setting}-seed{seed}" / "version_0" / "done.json").read_text())
+            done = json.loads(
+                (runs / name_of(arch, chosen[arch], seed) / "version_0" / "done.json").read_text()
+            )
             out.append((f"{arch} seed {seed}", ROOT / done["checkpoint"]))
     return out
 
@@ -137,8 +138,11 @@ def main() -> None:
     print(f"{a.split}: {len(y):,} rows; request side: context, history, {a.request_dense}")
     print("| model | AUC | GAUC | request GAUC |\n| --- | --- | --- | --- |")
     runs = run_checkpoints(a.runs, a.runs_of, a.seeds) if a.runs_of else []
+    from recformer.evaluate import load_module
+
     for name, ckpt in runs + [(str(c), c) for c in a.ckpt]:
-        s, r = scores(ckpt, batch), scores(ckpt, fixed)
+        module = load_module(ckpt)  # once: it scores the rows as logged and at one request
+        s, r = scores(module, batch), scores(module, fixed)
         print(
             f"| {name} | {exact_auc(s, y):.4f} | {gauc(g, s, y)[0]:.4f} | {gauc(g, r, y)[0]:.4f} |",
             flush=True,
