@@ -7,13 +7,13 @@
 Each row is one model (a preset of ``configs/quality/grid.yaml``, with its chosen learning rate and
 regulariser when ``--chosen`` is given), or the Transformer with one option changed (``--options``:
 content tokens of their own, a token per dense feature, the FM crosses, the cross network, the
-previous default shape), so each option's cost in tokens and time sits in the same table. Every
-model trains on the same ``--batch``-row batches of the train split, read once before timing; a step
-is what ``recformer fit`` runs per batch: forward, the weighted BCE loss, backward, the
-gradient-norm clip and non-finite check, touched-row embedding decay when set, the AdamW step. Steps run
-interleaved, one timed step of each model in turn, so machine noise hits them alike; the table
-reports median samples/s over the timed steps and the ratio to ``--reference`` (the Transformer), on
-``--threads`` torch threads.
+non-sequence tokens' own weights, the previous default shape), so each option's cost in tokens and
+time sits in the same table. Every model trains on the same ``--batch``-row batches of the train
+split, read once before timing; a step is what ``recformer fit`` runs per batch: forward, the
+weighted BCE loss, backward, the gradient-norm clip and non-finite check, touched-row embedding
+decay when set, the AdamW step. Steps run interleaved, one timed step of each model in turn, so
+machine noise hits them alike; the table reports median samples/s over the timed steps and the ratio
+to ``--reference`` (the Transformer), on ``--threads`` torch threads.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ OPTIONS = {
     "dense per feature": {"dense_per_feature": True},
     "fm": {"fm": True},
     "cross 1": {"cross_layers": 1},
+    "token-specific": {"token_params": "specific"},
     "4 heads, MLP 4x": {"n_heads": 4, "mlp_ratio": 4.0},
 }
 """Options measured against the Transformer's own settings (name: ranker config changes): the
-token options, the FM crosses, the cross network, and the shape ``small.yaml`` had until 2026-12-02."""
+token options, the FM crosses, the cross network, the non-sequence tokens' own weights, and the
+shape ``small.yaml`` had until 2026-12-02."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -113,11 +113,12 @@ def test_every_baseline_exports_or_is_refused_by_name(arch, tiny_data, tmp_path,
         ("--model.ranker.fm=true", "--model.ranker.item_bias=true"),
         ("--model.ranker.cross_layers=1", "--model.ranker.head_product=true"),
         ("--model.ranker.cross_layers=1", "--model.ranker.head_fields=true"),
+        ("--model.ranker.token_params=specific",),
     ],
 )
 def test_the_transformer_with_its_wide_terms_exports_with_parity(tiny_data, tmp_path, options):
-    """The FM crosses, the per-item bias, the cross network and the head's extra inputs are part
-    of the exported graph, not dropped."""
+    """The FM crosses, the per-item bias, the cross network, the head's extra inputs and the
+    non-sequence tokens' own weights are part of the exported graph, not dropped."""
     ckpt = _checkpoint(tiny_data, tmp_path / "fit", *options)
     out = tmp_path / "artifact"
     assert recformer_main(["export", "--ckpt", str(ckpt), "--data", str(tiny_data), "--out", str(out)]) == 0

@@ -203,10 +203,10 @@ def test_dropout_only_in_training_mode() -> None:
     assert (ranker(batch) - ranker(batch)).abs().max() > 1e-4
 
 
-def _compile_parity(backend: str) -> None:
+def _compile_parity(backend: str, **kw) -> None:
     dims = tiny_dims()
-    eager = _ranker(dims, qk_norm="head", mlp="swiglu")
-    compiled = _ranker(dims, qk_norm="head", mlp="swiglu")
+    eager = _ranker(dims, qk_norm="head", mlp="swiglu", **kw)
+    compiled = _ranker(dims, qk_norm="head", mlp="swiglu", **kw)
     compiled.load_state_dict(eager.state_dict())
     compiled.compile(fullgraph=True, backend=backend)  # fullgraph: any graph break raises
     assert list(compiled.state_dict()) == list(eager.state_dict())
@@ -227,6 +227,10 @@ def _compile_parity(backend: str) -> None:
 
 def test_compiled_and_eager_ranker_agree_and_share_state_dict_keys() -> None:
     _compile_parity("aot_eager")  # traces the full graph and AOT autograd; no C++ build
+
+
+def test_token_specific_weights_compile_in_one_graph() -> None:
+    _compile_parity("aot_eager", token_params="specific")
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ dropout, a per-item bias) and the embedding-row decay of the optimizer, against 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -55,6 +57,26 @@ def test_a_token_per_dense_feature_is_value_times_its_vector_plus_its_bias():
     want = batch.dense[:, :, None] * tok.dense_weight + tok.dense_bias
     torch.testing.assert_close(x_BTD[:, 1 : 1 + n] - tok.slot_emb[1 : 1 + n], want)
     assert ranker.param_kinds()["tokens.dense_weight"] == "embedding"
+
+
+def test_history_cat_dropout_makes_events_ratings_unknown_in_training_only():
+    ranker, batch = _ranker(history_cat_dropout=0.5)
+    tok = ranker.tokens
+    assert tok.n_hist_cat and (batch.hist_cat > 0).any()
+    x_BTD, _ = tok(batch)
+    torch.testing.assert_close(tok(batch)[0], x_BTD)  # evaluation: every rating as logged
+    unknown = dataclasses.replace(batch, hist_cat=torch.zeros_like(batch.hist_cat))
+    ranker.train()
+    tok.history_cat_dropout = 1.0 - 1e-7  # every event's rating dropped (P(any kept) ~ 1e-5)
+    torch.testing.assert_close(tok(batch)[0], tok(unknown)[0])
+    tok.history_cat_dropout = 0.5
+    torch.manual_seed(0)
+    dropped = (tok(batch)[0] - x_BTD).abs().amax(-1)[:, tok.n_context : tok.n_context + ranker.dims.max_len]
+    real = batch.hist_cat[..., 0] > 0
+    assert 0.3 < (dropped[real] > 0).float().mean() < 0.7  # about half the rated events changed
+    assert (dropped[~real] == 0).all()  # an event without a rating has nothing to drop
+    with pytest.raises(ValueError, match="history_cat_dropout=1.0 must be in"):
+        RankerConfig(d_model=16, n_heads=2, history_cat_dropout=1.0)
 
 
 def test_embedding_dropout_acts_in_training_only():

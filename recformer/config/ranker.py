@@ -60,6 +60,11 @@ class RankerConfig:
     embedding_dropout: float = 0.0
     """Dropout on the token embeddings before the first block (on sparse-id rankers it regularises
     the embedding tables, which carry most of the parameters)."""
+    history_cat_dropout: float = 0.0
+    """In training, each history event's categoricals (on MovieLens its rating) are replaced by
+    their OOV row (unknown) with this probability; the event keeps its item, side features and
+    time gap. Aimed at the model's reliance on the user's recent ratings, which separate users and
+    cost within-user order (docs/levers.md)."""
     item_bias: bool = False
     """A learned logit per target item added to the head's output: the first-order term of
     FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
@@ -85,6 +90,11 @@ class RankerConfig:
     """With ``head: both``, the head's MLP also reads the elementwise product of the CLS and target
     readouts: an explicit user x item interaction (the h * t input of DIN's attention unit, the
     inner product of a two-tower model) that an MLP over their concatenation only approximates."""
+    token_params: Literal["shared", "specific"] = "shared"
+    """``specific``: each non-sequence token (CLS, context features, target) has its own query /
+    key / value, output and MLP weights in every block, the history events share one set (OneTrans,
+    Zhang et al. 2025; ``model/token_params.py``). The same FLOPs, S times the block matrices for
+    the S non-sequence tokens. ``shared``: one set for every token."""
     head: Literal["cls", "target", "both"] = "both"
     """Which token(s) the head reads."""
     head_hidden: int = 0
@@ -123,7 +133,7 @@ class RankerConfig:
             raise ValueError(f"n_layers={self.n_layers} must be >= 1")
         if not 0.0 < self.base_rate < 1.0:
             raise ValueError(f"base_rate={self.base_rate} must be strictly between 0 and 1")
-        for name in ("dropout", "embedding_dropout"):
+        for name in ("dropout", "embedding_dropout", "history_cat_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.dense_tokens < 1:

@@ -23,6 +23,7 @@ from torch import nn
 from recformer.config import RankerConfig
 from recformer.model.mup import attention_scale
 from recformer.model.norms import QKNorm
+from recformer.model.token_params import TokenLayout, specific_weight, token_linear
 
 
 @dataclass
@@ -40,14 +41,19 @@ class Attention(nn.Module):
     """Bidirectional multi-head attention over the valid tokens; returns the residual-branch update.
 
     One fused ``qkv`` projection (rows: q, then k, then v) and one output projection ``out``, both
-    without bias (the norms carry the offsets; fewer kernels on the hot path).
+    without bias (the norms carry the offsets; fewer kernels on the hot path). With a ``layout``
+    (``token_params: specific``) the non-sequence tokens use their own ``qkv_specific`` and
+    ``out_specific`` (``model/token_params.py``).
     """
 
-    def __init__(self, cfg: RankerConfig) -> None:
+    def __init__(self, cfg: RankerConfig, layout: TokenLayout | None = None) -> None:
         super().__init__()
         self.d_model, self.n_heads, self.d_head = cfg.d_model, cfg.n_heads, cfg.d_head
+        self.layout = layout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.qkv_specific = specific_weight(layout, self.qkv)
+        self.out_specific = specific_weight(layout, self.out)
         self.qk_norm = (
             None if cfg.qk_norm == "none" else QKNorm(cfg.qk_norm, cfg.norm, cfg.d_model, cfg.d_head)
         )
@@ -71,7 +77,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.scale,
         )
-        return self._output(o_BNQH)
+        return self._output(o_BNQH, keep)
 
     def explicit(
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None
@@ -79,7 +85,7 @@ class Attention(nn.Module):
         """``forward``'s update of every token, with the logits materialised, and their statistics."""
         q_BNTH, k_BNTH, v_BNTH = self._project(x_BTD, None)
         o_BNTH, stats = self._explicit(q_BNTH, k_BNTH, v_BNTH, attend_B11T)
-        return self._output(o_BNTH), stats
+        return self._output(o_BNTH, None), stats
 
     def _project(
         self, x_BTD: torch.Tensor, keep: slice | None
@@ -89,7 +95,7 @@ class Attention(nn.Module):
         N, H = self.n_heads, self.d_head
         full_qk = self.qk_norm is not None and self.qk_norm.mode == "full"
         if keep is None:
-            qkv_BTX = self.qkv(x_BTD)  # one fused matmul for q, k and v
+            qkv_BTX = token_linear(x_BTD, self.qkv.weight, self.qkv_specific, self.layout)  # one fused matmul
             if full_qk:
                 q_BQD, k_BTD, v_BTD = qkv_BTX.split(D, dim=-1)
             else:
@@ -97,8 +103,9 @@ class Attention(nn.Module):
         else:
             # Only the kept tokens need queries: project them alone, keys and values for all.
             w_q, w_kv = self.qkv.weight.split([D, 2 * D], dim=0)
-            q_BQD = F.linear(x_BTD[:, keep], w_q)
-            kv_BTX = F.linear(x_BTD, w_kv)
+            s_q, s_kv = (None, None) if self.qkv_specific is None else self.qkv_specific.split([D, 2 * D], 1)
+            q_BQD = token_linear(x_BTD[:, keep], w_q, s_q, self.layout, keep)
+            kv_BTX = token_linear(x_BTD, w_kv, s_kv, self.layout)
             if full_qk:
                 k_BTD, v_BTD = kv_BTX.split(D, dim=-1)
             else:
@@ -114,9 +121,10 @@ class Attention(nn.Module):
             k_BTNH = self.qk_norm.k_norm(k_BTNH)
         return tuple(t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
 
-    def _output(self, o_BNQH: torch.Tensor) -> torch.Tensor:
+    def _output(self, o_BNQH: torch.Tensor, keep: slice | None) -> torch.Tensor:
         B, _, Q, _ = o_BNQH.shape
-        y_BQD = self.out(o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model))
+        o_BQD = o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model)
+        y_BQD = token_linear(o_BQD, self.out.weight, self.out_specific, self.layout, keep)
         return F.dropout(y_BQD, self.dropout, self.training) if self.dropout > 0 else y_BQD
 
     def _explicit(

@@ -23,7 +23,8 @@ With ``layernorm_scaling`` every norm of block ``l`` (1-based) multiplies its ou
 ``keep`` (a slice of token positions) makes a block update only those rows: attention still reads
 keys and values from every token, but queries, the output projection and the MLP run on the kept
 rows alone. The ranker's last block uses it for the tokens its head reads. In ``residual``, ``attn``
-maps the (normalised) stream to the attention update of the kept rows and ``rows`` selects them.
+maps the (normalised) stream to the attention update of the kept rows, ``mlp`` maps the kept rows
+to their MLP update and ``rows`` selects them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch import nn
 from recformer.config import RankerConfig
 from recformer.model.attention import Attention, AttentionStats
 from recformer.model.norms import layer_scale, make_norm
+from recformer.model.token_params import TokenLayout, specific_weight, token_linear
 
 
 def mlp_hidden(cfg: RankerConfig) -> int:
@@ -60,25 +62,30 @@ def rows(x_BTD: torch.Tensor, keep: slice | None) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """``down(act(up(x)))``: GELU, or SwiGLU with ``up`` holding the gate rows then the value rows."""
+    """``down(act(up(x)))``: GELU, or SwiGLU with ``up`` holding the gate rows then the value rows.
+    With a ``layout`` the non-sequence tokens use their own ``up_specific`` and ``down_specific``."""
 
-    def __init__(self, cfg: RankerConfig) -> None:
+    def __init__(self, cfg: RankerConfig, layout: TokenLayout | None = None) -> None:
         super().__init__()
         self.kind = cfg.mlp
         self.hidden = mlp_hidden(cfg)
+        self.layout = layout
         n_up = 2 * self.hidden if cfg.mlp == "swiglu" else self.hidden
         self.up = nn.Linear(cfg.d_model, n_up, bias=False)
         self.down = nn.Linear(self.hidden, cfg.d_model, bias=False)
+        self.up_specific = specific_weight(layout, self.up)
+        self.down_specific = specific_weight(layout, self.down)
         self.dropout = cfg.dropout
 
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        u_BTX = self.up(x_BTD)
+    def forward(self, x_BTD: torch.Tensor, keep: slice | None = None) -> torch.Tensor:
+        """``x_BTD``: every token, or the rows ``keep`` selects."""
+        u_BTX = token_linear(x_BTD, self.up.weight, self.up_specific, self.layout, keep)
         if self.kind == "swiglu":
             gate_BTM, value_BTM = u_BTX.split(self.hidden, dim=-1)
             h_BTM = F.silu(gate_BTM) * value_BTM
         else:
             h_BTM = F.gelu(u_BTX)
-        y_BTD = self.down(h_BTM)
+        y_BTD = token_linear(h_BTM, self.down.weight, self.down_specific, self.layout, keep)
         return F.dropout(y_BTD, self.dropout, self.training) if self.dropout > 0 else y_BTD
 
 
@@ -90,12 +97,12 @@ class Block(nn.Module):
 
     placement = ""
 
-    def __init__(self, cfg: RankerConfig, layer: int) -> None:
+    def __init__(self, cfg: RankerConfig, layer: int, layout: TokenLayout | None = None) -> None:
         super().__init__()
         self.layer = layer
         scale = layer_scale(layer, cfg.layernorm_scaling)
-        self.attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.attn = Attention(cfg, layout)
+        self.mlp = MLP(cfg, layout)
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, scale)
         self.mlp_norm = make_norm(cfg.norm, cfg.d_model, scale)
 
@@ -104,7 +111,10 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """New residual stream [B, T, D], or only the rows ``keep`` selects ([B, Q, D])."""
         return self.residual(
-            x_BTD, lambda h_BTD: self.attn(h_BTD, attend_B11T, keep), lambda t: rows(t, keep)
+            x_BTD,
+            lambda h_BTD: self.attn(h_BTD, attend_B11T, keep),
+            lambda h_BQD: self.mlp(h_BQD, keep),
+            lambda t: rows(t, keep),
         )
 
     def forward_stats(
@@ -118,9 +128,9 @@ class Block(nn.Module):
             found.append(stats)
             return y_BTD
 
-        return self.residual(x_BTD, attn, lambda t: t), found[0]
+        return self.residual(x_BTD, attn, self.mlp, lambda t: t), found[0]
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         """The placement: the block's two residual updates, in two lines."""
         raise NotImplementedError(f"{type(self).__name__} must define residual")
 
@@ -130,9 +140,9 @@ class PostNormBlock(Block):
 
     placement = "post"
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         h_BQD = self.attn_norm(rows(x_BTD) + attn(x_BTD))
-        return self.mlp_norm(h_BQD + self.mlp(h_BQD))
+        return self.mlp_norm(h_BQD + mlp(h_BQD))
 
 
 class PreNormBlock(Block):
@@ -140,9 +150,9 @@ class PreNormBlock(Block):
 
     placement = "pre"
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         h_BQD = rows(x_BTD) + attn(self.attn_norm(x_BTD))
-        return h_BQD + self.mlp(self.mlp_norm(h_BQD))
+        return h_BQD + mlp(self.mlp_norm(h_BQD))
 
 
 class SandwichNormBlock(Block):
@@ -150,15 +160,15 @@ class SandwichNormBlock(Block):
 
     placement = "sandwich"
 
-    def __init__(self, cfg: RankerConfig, layer: int) -> None:
-        super().__init__(cfg, layer)
+    def __init__(self, cfg: RankerConfig, layer: int, layout: TokenLayout | None = None) -> None:
+        super().__init__(cfg, layer, layout)
         scale = layer_scale(layer, cfg.layernorm_scaling)
         self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
         self.mlp_out_norm = make_norm(cfg.norm, cfg.d_model, scale)
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         h_BQD = rows(x_BTD) + self.attn_out_norm(attn(self.attn_norm(x_BTD)))
-        return h_BQD + self.mlp_out_norm(self.mlp(self.mlp_norm(h_BQD)))
+        return h_BQD + self.mlp_out_norm(mlp(self.mlp_norm(h_BQD)))
 
 
 class ReorderedNormBlock(Block):
@@ -166,9 +176,9 @@ class ReorderedNormBlock(Block):
 
     placement = "reordered"
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         h_BQD = rows(x_BTD) + self.attn_norm(attn(x_BTD))
-        return h_BQD + self.mlp_norm(self.mlp(h_BQD))
+        return h_BQD + self.mlp_norm(mlp(h_BQD))
 
 
 def deepnorm_alpha(n_layers: int) -> float:
@@ -187,13 +197,13 @@ class DeepNormBlock(Block):
 
     placement = "deepnorm"
 
-    def __init__(self, cfg: RankerConfig, layer: int) -> None:
-        super().__init__(cfg, layer)
+    def __init__(self, cfg: RankerConfig, layer: int, layout: TokenLayout | None = None) -> None:
+        super().__init__(cfg, layer, layout)
         self.alpha = deepnorm_alpha(cfg.n_layers)
 
-    def residual(self, x_BTD: torch.Tensor, attn: Branch, rows: Branch) -> torch.Tensor:
+    def residual(self, x_BTD: torch.Tensor, attn: Branch, mlp: Branch, rows: Branch) -> torch.Tensor:
         h_BQD = self.attn_norm(self.alpha * rows(x_BTD) + attn(x_BTD))
-        return self.mlp_norm(self.alpha * h_BQD + self.mlp(h_BQD))
+        return self.mlp_norm(self.alpha * h_BQD + mlp(h_BQD))
 
 
 BLOCKS: dict[str, type[Block]] = {
@@ -206,9 +216,11 @@ NORMALISED_STREAM = {"post", "deepnorm"}
 """Placements whose block output is already a norm output (the ranker adds no final norm)."""
 
 
-def make_block(cfg: RankerConfig, layer: int) -> Block:
+def make_block(cfg: RankerConfig, layer: int, layout: TokenLayout | None = None) -> Block:
+    """Block ``layer`` of ``cfg``'s placement; ``layout``: where the non-sequence tokens sit when
+    they have their own weights (``token_params: specific``), else None."""
     if cfg.norm_placement not in BLOCKS:
         raise ValueError(
             f"RankerConfig.norm_placement={cfg.norm_placement!r}; expected one of {sorted(BLOCKS)}"
         )
-    return BLOCKS[cfg.norm_placement](cfg, layer)
+    return BLOCKS[cfg.norm_placement](cfg, layer, layout)

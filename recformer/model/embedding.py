@@ -57,6 +57,7 @@ class FeatureTokenizer(nn.Module):
         )
         self.content_tokens = cfg.content_tokens if dims.content_dim else "add"
         self.embedding_dropout = cfg.embedding_dropout
+        self.history_cat_dropout = cfg.history_cat_dropout
         self.emb_dims = list(dims.emb_dims)
         self.max_len = dims.max_len
         self.n_item_feats = sum(dims.item_feat_values)  # values: a multi-valued feature has several
@@ -282,7 +283,7 @@ class FeatureTokenizer(nn.Module):
         if L:
             event = [ids_BSJ[:, :L]]
             if self.n_hist_cat:
-                event.append(batch.hist_cat + self.hist_cat_offsets)
+                event.append(self._hist_cat_ids(batch.hist_cat))
             if self.gap_offset >= 0:
                 event.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
             pieces.append(torch.cat(event, dim=-1).view(B, L * self.event_ids))
@@ -295,6 +296,16 @@ class FeatureTokenizer(nn.Module):
         ).view(-1)
         bag_Z = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row)
         return bag_Z.view(B, F_ + S, D), items_BS
+
+    def _hist_cat_ids(self, hist_cat_BLC: torch.Tensor) -> torch.Tensor:
+        """Table rows of the history events' categoricals. In training, with ``history_cat_dropout``,
+        each event's are the OOV rows (unknown) with that probability: the event still names its item."""
+        if self.training and self.history_cat_dropout > 0:
+            kept_BL1 = (
+                torch.rand(hist_cat_BLC.shape[:2], device=hist_cat_BLC.device) >= self.history_cat_dropout
+            )
+            hist_cat_BLC = hist_cat_BLC * kept_BL1.unsqueeze(-1)  # OOV_ROW = 0
+        return hist_cat_BLC + self.hist_cat_offsets
 
     def _bags_by_segments(self, ids_BJ: torch.Tensor) -> torch.Tensor:
         """``_lookup``'s bag sums as a gather and fixed-layout sums: what ``embedding_bag`` computes,

@@ -46,8 +46,10 @@ Term = Matmul | Attention
 
 
 def matrix_params(module: nn.Module) -> int:
-    """Parameters of ``module``'s matrices (ndim >= 2): what a term multiplies by its uses."""
-    return sum(p.numel() for p in module.parameters() if p.ndim >= 2)
+    """Parameters of ``module``'s matrices (ndim == 2): what a term multiplies by its uses. A stack
+    of per-token matrices ([S, out, in], ``model/token_params.py``) serves its tokens instead of the
+    shared matrix of the same shape beside it, so it adds no FLOPs and is not counted."""
+    return sum(p.numel() for p in module.parameters() if p.ndim == 2)
 
 
 def total(terms: Iterable[Term]) -> float:

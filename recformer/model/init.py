@@ -140,19 +140,24 @@ def init_weights(ranker: Initialisable) -> set[str]:
 
     covered.update(f"tokens.{name}" for name in init_tokens(ranker.tokens, cfg))
 
-    # Blocks.
+    # Blocks; a non-sequence token's own matrices (``*_specific``, [S, out, in]) like the shared.
     D = cfg.d_model
     for block in ranker.blocks:
-        layer = block.layer
-        qkv = block.attn.qkv.weight
-        for i, role in enumerate(("q", "k", "v")):
-            normal_(qkv, matrix_std(cfg, role, layer, D, D), slice(i * D, (i + 1) * D))
-        out = block.attn.out.weight
-        normal_(out, matrix_std(cfg, "attn_out", layer, D, D))
-        up, down, M = block.mlp.up.weight, block.mlp.down.weight, block.mlp.hidden
-        normal_(up, matrix_std(cfg, "mlp_up", layer, D, M))  # SwiGLU: gate and value chunks alike
-        normal_(down, matrix_std(cfg, "mlp_down", layer, M, D))
-        done(qkv, out, up, down)
+        a, m, M = block.attn, block.mlp, block.mlp.hidden
+        roles = [
+            (a.qkv, a.qkv_specific, role, D, D, slice(i * D, (i + 1) * D)) for i, role in enumerate("qkv")
+        ]
+        roles += [
+            (a.out, a.out_specific, "attn_out", D, D, slice(None)),
+            (m.up, m.up_specific, "mlp_up", D, M, slice(None)),  # SwiGLU: gate and value chunks alike
+            (m.down, m.down_specific, "mlp_down", M, D, slice(None)),
+        ]
+        for linear, specific, role, fan_in, fan_out, rows in roles:
+            std = matrix_std(cfg, role, block.layer, fan_in, fan_out)
+            for w in (linear.weight, specific):
+                if w is not None:
+                    w[..., rows, :].normal_(0.0, std)
+                    done(w)
 
     # Norms everywhere (block norms, QK-Norm, final norm): identity at init.
     for module in ranker.modules():

@@ -29,6 +29,7 @@ from recformer.model.init import init_weights
 from recformer.model.mup import readout_multiplier
 from recformer.model.norms import make_norm
 from recformer.model.protocol import BlockStats, ParamKind
+from recformer.model.token_params import TokenLayout
 from recformer.optim import DEFAULT_RULES
 
 
@@ -86,7 +87,8 @@ class Ranker(nn.Module):
         self.cfg = cfg
         self.dims = dims
         self.tokens = FeatureTokenizer(cfg, dims)
-        self.blocks = nn.ModuleList(make_block(cfg, layer) for layer in range(cfg.n_layers))
+        layout = self._layout() if cfg.token_params == "specific" else None
+        self.blocks = nn.ModuleList(make_block(cfg, layer, layout) for layer in range(cfg.n_layers))
         # Post / DeepNorm blocks end in a norm already; the others leave the stream unnormalised.
         self.final_norm = (
             nn.Identity() if cfg.norm_placement in NORMALISED_STREAM else make_norm(cfg.norm, cfg.d_model)
@@ -98,6 +100,12 @@ class Ranker(nn.Module):
             CrossTower(d_fields, cfg.cross_layers, readout=not cfg.head_fields) if cfg.cross_layers else None
         )
         init_weights(self)
+
+    def _layout(self) -> TokenLayout:
+        """Where the non-sequence tokens sit (``token_params: specific``): CLS and the context in
+        front, the target (and its own content token) at the back; see ``FeatureTokenizer``."""
+        back = 2 if self.tokens.content_tokens == "target" else 1
+        return TokenLayout(self.tokens.n_context, back, self.tokens.n_tokens)
 
     @property
     def n_tokens(self) -> int:
@@ -150,7 +158,7 @@ class Ranker(nn.Module):
                 kinds[name] = "table"
             elif p.ndim == 1:
                 kinds[name] = "vector"
-            elif p.ndim == 2:
+            elif p.ndim == 2 or name.endswith("_specific"):  # [S, out, in]: S hidden matrices
                 kinds[name] = "hidden"
             else:
                 raise RuntimeError(f"param_kinds: no rule for parameter {name} of shape {tuple(p.shape)}")
