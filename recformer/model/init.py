@@ -140,24 +140,7 @@ def init_weights(ranker: Initialisable) -> set[str]:
 
     covered.update(f"tokens.{name}" for name in init_tokens(ranker.tokens, cfg))
 
-    # Blocks; a non-sequence token's own matrices (``*_specific``, [S, out, in]) like the shared.
-    D = cfg.d_model
-    for block in ranker.blocks:
-        a, m, M = block.attn, block.mlp, block.mlp.hidden
-        roles = [
-            (a.qkv, a.qkv_specific, role, D, D, slice(i * D, (i + 1) * D)) for i, role in enumerate("qkv")
-        ]
-        roles += [
-            (a.out, a.out_specific, "attn_out", D, D, slice(None)),
-            (m.up, m.up_specific, "mlp_up", D, M, slice(None)),  # SwiGLU: gate and value chunks alike
-            (m.down, m.down_specific, "mlp_down", M, D, slice(None)),
-        ]
-        for linear, specific, role, fan_in, fan_out, rows in roles:
-            std = matrix_std(cfg, role, block.layer, fan_in, fan_out)
-            for w in (linear.weight, specific):
-                if w is not None:
-                    w[..., rows, :].normal_(0.0, std)
-                    done(w)
+    done(*_init_blocks(ranker))
 
     # Norms everywhere (block norms, QK-Norm, final norm): identity at init.
     for module in ranker.modules():
@@ -184,6 +167,27 @@ def init_weights(ranker: Initialisable) -> set[str]:
     if missing:
         raise RuntimeError(f"init_weights({cfg.init!r}) does not cover these parameters: {missing}")
     return covered
+
+
+def _init_blocks(ranker: Initialisable) -> list[torch.Tensor]:
+    """Every block's matrices by role; a non-sequence token's own matrices (``*_specific``,
+    [S, out, in], ``model/token_params.py``) like the shared one beside them. Returns them."""
+    cfg, D, params = ranker.cfg, ranker.cfg.d_model, []
+    for block in ranker.blocks:
+        a, m, M = block.attn, block.mlp, block.mlp.hidden
+        roles = [(a.qkv, a.qkv_specific, r, D, D, slice(i * D, (i + 1) * D)) for i, r in enumerate("qkv")]
+        roles += [
+            (a.out, a.out_specific, "attn_out", D, D, slice(None)),
+            (m.up, m.up_specific, "mlp_up", D, M, slice(None)),  # SwiGLU: gate and value chunks alike
+            (m.down, m.down_specific, "mlp_down", M, D, slice(None)),
+        ]
+        for linear, specific, role, fan_in, fan_out, rows in roles:
+            std = matrix_std(cfg, role, block.layer, fan_in, fan_out)
+            for w in (linear.weight, specific):
+                if w is not None:
+                    w[..., rows, :].normal_(0.0, std)
+                    params.append(w)
+    return params
 
 
 def _init_beside(ranker: Initialisable) -> list[torch.Tensor]:
