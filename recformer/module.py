@@ -86,10 +86,27 @@ def _feature_dims(dims: FeatureDims | dict[str, Any] | None) -> FeatureDims:
 
 
 def _loss_weight(name: str, weight: float) -> float:
-    """A within-group loss weight (``model.pairwise``, ``model.listwise``), checked."""
+    """A loss weight (``model.pairwise``, ``model.listwise``, ``model.branch_loss``), checked."""
     if not weight >= 0:
         raise ValueError(f"model.{name}={weight} must be >= 0 (0 = off)")
     return weight
+
+
+def _check_branch(ranker: RankerNet, branch_loss: float) -> None:
+    """``model.branch_loss`` needs a logit term beside the blocks to train on its own."""
+    if branch_loss and not getattr(ranker, "has_branch", False):
+        raise ValueError(
+            f"model.branch_loss={branch_loss} needs a logit term beside the Transformer's blocks: "
+            "model.arch=transformer with model.ranker.cross_layers >= 1 (without head_fields), "
+            "model.ranker.fm=true or model.ranker.item_bias=true"
+        )
+
+
+def _log_loss(logits_B: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The weighted mean log loss of ``logits_B`` on the batch's labels."""
+    w_B = batch.weight
+    loss = (F.binary_cross_entropy_with_logits(logits_B, batch.label, reduction="none") * w_B).sum()
+    return loss / w_B.sum().clamp_min(1e-12)
 
 
 def _as(cls: type, value: Any) -> Any:
@@ -109,6 +126,7 @@ class RankerModule(pl.LightningModule):
         auc_exact_max_rows: int = DEFAULT_AUC_EXACT_MAX_ROWS,
         pairwise: float = 0.0,
         listwise: float = 0.0,
+        branch_loss: float = 0.0,
     ):
         """
         Args:
@@ -132,6 +150,11 @@ class RankerModule(pl.LightningModule):
                 normalised to sum to 1 as the target (ListNet, Cao et al. 2007;
                 ``recformer.losses.listwise_loss``); 0 turns it off. Both within-group losses need
                 several rows of a user per batch: ``data.group_rows``.
+            branch_loss: With a logit term beside the blocks (``ranker.cross_layers``, ``fm``,
+                ``item_bias``), the head's logit and that term's each also get the log loss times
+                this weight in training, so each part learns to predict alone, as an ensemble's
+                members do (deep supervision, Lee et al. 2015); 0 turns it off. Those steps run
+                ``ranker.forward_parts``, outside ``compile``.
         """
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
@@ -139,18 +162,13 @@ class RankerModule(pl.LightningModule):
         ranker_cfg, self.optim_cfg = _as(RankerConfig, ranker), _as(OptimConfig, optim)
         self.dims = _feature_dims(dims)
         self.arch = arch
-        self.pairwise, self.listwise = _loss_weight("pairwise", pairwise), _loss_weight("listwise", listwise)
-        self.save_hyperparameters(
-            {"ranker": asdict(ranker_cfg), "optim": asdict(self.optim_cfg), "dims": asdict(self.dims)}
-            | {
-                "arch": arch,
-                "compile": compile,
-                "auc_exact_max_rows": auc_exact_max_rows,
-                "pairwise": pairwise,
-                "listwise": listwise,
-            }
-        )
+        weights = {"pairwise": pairwise, "listwise": listwise, "branch_loss": branch_loss}
+        self.pairwise, self.listwise, self.branch_loss = (_loss_weight(k, w) for k, w in weights.items())
+        configs = {"ranker": asdict(ranker_cfg), "optim": asdict(self.optim_cfg), "dims": asdict(self.dims)}
+        run = {"arch": arch, "compile": compile, "auc_exact_max_rows": auc_exact_max_rows}
+        self.save_hyperparameters(configs | run | weights)
         self.ranker: RankerNet = build_model(arch, ranker_cfg, self.dims)
+        _check_branch(self.ranker, self.branch_loss)
         self.compile_model = compile
         self._make_metrics(auc_exact_max_rows)
         # Device-side counters: read on log steps only (no sync in the step path).
@@ -255,12 +273,14 @@ class RankerModule(pl.LightningModule):
         return self.ranker(batch)
 
     def _shared_step(self, batch: Batch, stage: Stage) -> torch.Tensor:
-        logits_B = self.ranker(batch).float()
+        parts = self.ranker.forward_parts(batch) if stage == "train" and self.branch_loss else None
+        logits_B = self.ranker(batch).float() if parts is None else parts[0] + parts[1]
         w_B = batch.weight
-        loss = (F.binary_cross_entropy_with_logits(logits_B, batch.label, reduction="none") * w_B).sum()
-        loss = loss / w_B.sum().clamp_min(1e-12)
+        loss = _log_loss(logits_B, batch)
         if stage == "train":
             loss = loss + self._auxiliary_loss(logits_B, batch)
+            if parts is not None:  # each part on its own (branch_loss)
+                loss = loss + self.branch_loss * (_log_loss(parts[0], batch) + _log_loss(parts[1], batch))
         metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
         metrics.update(logits_B.detach(), batch.label, w_B)
         if stage == "train":

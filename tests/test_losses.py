@@ -1,5 +1,5 @@
 """The training terms beside the log loss (``recformer/losses.py``) against slow per-group loops,
-and the optimizer's embedding-group options they come with."""
+the optimizer's embedding-group options they come with, and the branch loss of the module."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from recformer.config import OptimConfig
+from recformer.config import OptimConfig, RankerConfig
 from recformer.losses import listwise_loss, table_l2
+from recformer.module import RankerModule
 from recformer.optim import build_param_groups
+from tests._model_batches import random_batch, random_item_tables, tiny_dims
 
 
 def _batch(n: int = 60, groups: int = 6, seed: int = 0):
@@ -93,3 +96,35 @@ def test_embedding_lr_mult_must_be_positive_and_finite(bad):
 def test_embedding_l2_must_not_be_negative():
     with pytest.raises(ValueError, match="embedding_l2"):
         OptimConfig(embedding_l2=-0.1)
+
+
+@pytest.mark.parametrize("branch", [{"cross_layers": 1}, {"fm": True}, {"item_bias": True}])
+def test_branch_loss_trains_the_head_and_the_branch_each_on_the_labels(branch):
+    dims = tiny_dims()
+    torch.manual_seed(0)
+    m = RankerModule(ranker=RankerConfig(d_model=16, n_heads=2, **branch), dims=dims, branch_loss=0.5)
+    m.ranker.set_item_tables(*random_item_tables(dims))
+    with torch.no_grad():  # zero readouts would make every part's loss log 2
+        for p in m.ranker.parameters():
+            if p.ndim == 2 and not p.abs().sum():
+                p.normal_()
+    batch = random_batch(dims, batch_size=8)
+    head, wide = m.ranker.forward_parts(batch)
+    torch.testing.assert_close(m.ranker(batch), head + wide)
+
+    def bce(z):
+        w = batch.weight
+        return (F.binary_cross_entropy_with_logits(z, batch.label, reduction="none") * w).sum() / w.sum()
+
+    want = bce(head + wide) + 0.5 * (bce(head) + bce(wide))
+    assert bce(head) != bce(wide)
+    with pytest.warns(UserWarning, match="self.trainer"):  # no Trainer: self.log only warns
+        got = m._shared_step(batch, "train")
+    torch.testing.assert_close(got, want)
+
+
+def test_branch_loss_needs_a_branch():
+    with pytest.raises(ValueError, match=r"model.branch_loss=1.0 needs a logit term beside"):
+        RankerModule(ranker=RankerConfig(d_model=16, n_heads=2), dims=tiny_dims(), branch_loss=1.0)
+    with pytest.raises(ValueError, match=r"model.branch_loss=-1 must be >= 0"):
+        RankerModule(ranker=RankerConfig(d_model=16, n_heads=2), dims=tiny_dims(), branch_loss=-1)

@@ -164,8 +164,21 @@ class Ranker(nn.Module):
                 raise RuntimeError(f"param_kinds: no rule for parameter {name} of shape {tuple(p.shape)}")
         return kinds
 
+    @property
+    def has_branch(self) -> bool:
+        """Whether a logit term sits beside the head's (``item_bias``, ``fm``, or ``cross_layers``
+        with its own readout): what ``forward_parts`` returns second."""
+        crossed = self.cross is not None and self.cross.out is not None
+        return self.item_bias is not None or self.cfg.fm or crossed
+
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Click logits, float32 [B]."""
+        """Click logits, float32 [B]: the head's logit plus the branch's (``forward_parts``)."""
+        head_B, wide_B = self.forward_parts(batch)
+        return head_B if wide_B is None else head_B + wide_B
+
+    def forward_parts(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's logit and the sum of the terms beside the blocks (None without any), float32
+        [B] each. The module's ``branch_loss`` trains each part on the labels too."""
         x_BTD, valid_BT = self.tokens(batch)
         wide_B, fields_BX = self._beside(x_BTD, batch)
         attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
@@ -174,7 +187,8 @@ class Ranker(nn.Module):
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
         # and MLP on R tokens instead of T); their keys and values still come from every token.
         z_BRD = self.blocks[-1](x_BTD, attend_B11T, self.head.keep(x_BTD.shape[1]))
-        return self._logits(self.head(self.final_norm(z_BRD), fields_BX), wide_B)
+        head_B = self.head(self.final_norm(z_BRD), fields_BX).float()
+        return head_B, None if wide_B is None else wide_B.float()
 
     def _beside(self, x_BTD: torch.Tensor, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """What the tokens feed beside the blocks: the logit terms added to the head's (the per-item
@@ -197,7 +211,8 @@ class Ranker(nn.Module):
 
     @staticmethod
     def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
-        return (head_B if wide_B is None else head_B + wide_B).float()
+        """``forward``'s sum: each part in float32 first."""
+        return head_B.float() if wide_B is None else head_B.float() + wide_B.float()
 
     @torch.compiler.disable
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
