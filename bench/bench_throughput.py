@@ -33,17 +33,19 @@ from recformer.module import RankerModule
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = {
-    "content=target": {"content_tokens": "target"},
-    "content=all": {"content_tokens": "all"},
-    "dense per feature": {"dense_per_feature": True},
-    "fm": {"fm": True},
-    "cross 1": {"cross_layers": 1},
-    "token-specific": {"token_params": "specific"},
-    "4 heads, MLP 4x": {"n_heads": 4, "mlp_ratio": 4.0},
+    "content=target": {"ranker": {"content_tokens": "target"}},
+    "content=all": {"ranker": {"content_tokens": "all"}},
+    "dense per feature": {"ranker": {"dense_per_feature": True}},
+    "fm": {"ranker": {"fm": True}},
+    "cross 1": {"ranker": {"cross_layers": 1}},
+    "cross 1, branch loss": {"ranker": {"cross_layers": 1}, "branch_loss": 1.0},
+    "token-specific": {"ranker": {"token_params": "specific"}},
+    "4 heads, MLP 4x": {"ranker": {"n_heads": 4, "mlp_ratio": 4.0}},
 }
-"""Options measured against the Transformer's own settings (name: ranker config changes): the
-token options, the FM crosses, the cross network, the non-sequence tokens' own weights, and the
-shape ``small.yaml`` had until 2026-12-02."""
+"""Options measured against the Transformer's own settings (name: the model settings they change,
+``ranker`` for the ranker config): the token options, the FM crosses, the cross network (with its
+own loss or not), the non-sequence tokens' own weights, and the shape ``small.yaml`` had until
+2026-12-02."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,6 +97,7 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
         arch=model.get("arch", "transformer"),
         pairwise=model.get("pairwise", 0.0),
         listwise=model.get("listwise", 0.0),
+        branch_loss=model.get("branch_loss", 0.0),
     )
     module.ranker.set_item_tables(*dm.item_tables())
     optimizer = module.make_optimizer()  # the module's own groups; no schedule: LR does not change cost
@@ -102,12 +105,9 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
 
 
 def step(module: RankerModule, optimizer: torch.optim.Optimizer, batch) -> None:
-    """One training step as ``recformer fit`` runs it (module.py: _shared_step's loss with the
-    terms beside it, then configure_gradient_clipping, then the optimizer)."""
-    logits_B = module.ranker(batch).float()
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_B, batch.label, weight=batch.weight)
-    loss = loss * len(batch) / batch.weight.sum().clamp_min(1e-12)
-    loss = loss + module._auxiliary_loss(logits_B, batch)
+    """One training step as ``recformer fit`` runs it (the module's ``train_loss``, then
+    configure_gradient_clipping, then the optimizer)."""
+    loss, _ = module.train_loss(batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     module.configure_gradient_clipping(optimizer)
@@ -125,7 +125,11 @@ def variants(a: argparse.Namespace) -> dict[str, dict]:
     if a.reference in out:
         for name in a.options:
             model = json.loads(json.dumps(out[a.reference]))
-            model.setdefault("ranker", {}).update(OPTIONS[name])
+            for key, value in OPTIONS[name].items():
+                if isinstance(value, dict):
+                    model.setdefault(key, {}).update(value)
+                else:
+                    model[key] = value
             out[f"{a.reference} {name}"] = model
     return out
 

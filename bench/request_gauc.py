@@ -83,15 +83,17 @@ def tensors(batch) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def scores(module, batch, size: int = 4096) -> np.ndarray:
-    """``module``'s logits of every row of ``batch``, ``size`` rows at a time."""
+def scores(module, batch, size: int = 4096, part: int | None = None) -> np.ndarray:
+    """``module``'s logits of every row of ``batch``, ``size`` rows at a time; with ``part``, only
+    that part of ``ranker.forward_parts`` (0: the head's logit, 1: the branch's)."""
     parts = tensors(batch)
     n = len(batch.label)
     chunks = [
         dataclasses.replace(batch, **{k: v[i : i + size] for k, v in parts.items()})
         for i in range(0, n, size)
     ]
-    return torch.cat([module.ranker(b) for b in chunks]).float().numpy()
+    score = module.ranker if part is None else (lambda b: module.ranker.forward_parts(b)[part])
+    return torch.cat([score(b) for b in chunks]).float().numpy()
 
 
 def run_checkpoints(runs: Path, archs: list[str], seeds: list[int]) -> list[tuple[str, Path]]:
@@ -124,6 +126,11 @@ def main() -> None:
     p.add_argument("--ckpt", type=Path, nargs="*", default=[], help="more checkpoints to score")
     p.add_argument("--request-dense", nargs="*", default=["user_n_prior", "user_pos_rate_prior"])
     p.add_argument("--time-key", default="timestamp", help="the spec's key column that orders rows")
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="also the head's logit and the branch's alone, for checkpoints with a branch beside the blocks",
+    )
     a = p.parse_args()
     torch.set_num_threads(2)
     batch, dm = load_rows(a.data, a.split)
@@ -142,11 +149,15 @@ def main() -> None:
 
     for name, ckpt in runs + [(str(c), c) for c in a.ckpt]:
         module = load_module(ckpt)  # once: it scores the rows as logged and at one request
-        s, r = scores(module, batch), scores(module, fixed)
-        print(
-            f"| {name} | {exact_auc(s, y):.4f} | {gauc(g, s, y)[0]:.4f} | {gauc(g, r, y)[0]:.4f} |",
-            flush=True,
-        )
+        parts = [(name, None)]
+        if a.parts and getattr(module.ranker, "has_branch", False):
+            parts += [(f"{name}: head alone", 0), (f"{name}: branch alone", 1)]
+        for label, part in parts:
+            s, r = scores(module, batch, part=part), scores(module, fixed, part=part)
+            print(
+                f"| {label} | {exact_auc(s, y):.4f} | {gauc(g, s, y)[0]:.4f} | {gauc(g, r, y)[0]:.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

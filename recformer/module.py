@@ -272,15 +272,23 @@ class RankerModule(pl.LightningModule):
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.ranker(batch)
 
+    def train_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of ``batch`` (the log loss and every term beside it) and the logits."""
+        if self.branch_loss:  # each part on its own too
+            head_B, wide_B = self.ranker.forward_parts(batch)
+            logits_B = head_B + wide_B
+            loss = self.branch_loss * (_log_loss(head_B, batch) + _log_loss(wide_B, batch))
+        else:
+            logits_B, loss = self.ranker(batch).float(), 0.0
+        return loss + _log_loss(logits_B, batch) + self._auxiliary_loss(logits_B, batch), logits_B
+
     def _shared_step(self, batch: Batch, stage: Stage) -> torch.Tensor:
-        parts = self.ranker.forward_parts(batch) if stage == "train" and self.branch_loss else None
-        logits_B = self.ranker(batch).float() if parts is None else parts[0] + parts[1]
-        w_B = batch.weight
-        loss = _log_loss(logits_B, batch)
         if stage == "train":
-            loss = loss + self._auxiliary_loss(logits_B, batch)
-            if parts is not None:  # each part on its own (branch_loss)
-                loss = loss + self.branch_loss * (_log_loss(parts[0], batch) + _log_loss(parts[1], batch))
+            loss, logits_B = self.train_loss(batch)
+        else:
+            logits_B = self.ranker(batch).float()
+            loss = _log_loss(logits_B, batch)
+        w_B = batch.weight
         metrics = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
         metrics.update(logits_B.detach(), batch.label, w_B)
         if stage == "train":

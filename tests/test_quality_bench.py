@@ -181,3 +181,52 @@ def test_the_joint_pass_reaches_a_pair_that_pays_only_with_both_changed(tmp_path
     assert all(c[dr] == 0.1 for c in calls)
     assert len(calls) == len({json.dumps(c, sort_keys=True) for c in calls})  # no point twice
     assert {(c[lr], c[l2]) for c in calls[9:]} == {(3e-4, 0.1), (1e-3, 0.1)}  # the new neighbours
+
+
+def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeypatch):
+    """A finished point is reused only while its saved config holds what the preset and the
+    point's flags give; otherwise it moves aside (with its paired tests) and runs again."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling cli_runs
+    q = load_bench("quality")
+    preset, data_config = tmp_path / "preset.yaml", tmp_path / "data.yaml"
+    preset.write_text("model:\n  ranker:\n    d_model: 16\n  optim:\n    lr: 1.0e-3\n")
+    data_config.write_text("data:\n  batch_size: 64\n")
+    grid = {
+        "data_dir": "d",
+        "epochs": 3,
+        "data_config": str(data_config),
+        "models": {"t": {"config": str(preset)}},
+    }
+    name = q.name_of("t", {"model.optim.lr": 3e-05}, 0)
+    run = tmp_path / "runs" / name / "version_0"
+    run.mkdir(parents=True)
+    saved = {
+        "seed_everything": 0,
+        "trainer": {"max_epochs": 3},
+        "data": {"data_dir": "d", "batch_size": 64},
+        "model": {"ranker": {"d_model": 16, "dropout": 0.0}, "optim": {"lr": 3e-05}},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run / "done.json").write_text(json.dumps({"cached": True}))
+    (tmp_path / "paired").mkdir()
+    (tmp_path / "paired" / f"{name}-vs-other-seed0.json").write_text("{}")
+    (tmp_path / "paired" / f"{name}0-vs-other-seed0.json").write_text("{}")  # another run's
+
+    def fake_fit(configs, args, logs, name, threads=None):
+        raise AssertionError("rerun")
+
+    monkeypatch.setattr(q.cli_runs, "fit", fake_fit)
+    assert q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path) == {"cached": True}
+    preset.write_text("model:\n  ranker:\n    d_model: 16\n    cross_layers: 1\n")  # the preset changed
+    args = ["--data.data_dir=d", "--seed_everything=0", "--trainer.max_epochs=3", "--model.optim.lr=3e-05"]
+    assert q.stale(run, [str(preset), str(data_config)], args) == [
+        "model.ranker.cross_layers: 1, the run 'unset'"
+    ]
+    with pytest.raises(AssertionError, match="rerun"):
+        q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path)
+    aside = tmp_path / "runs" / f"{name}.stale-1"
+    assert (aside / "version_0" / "done.json").is_file() and not run.exists()
+    assert (aside / f"{name}-vs-other-seed0.json").is_file()
+    assert (tmp_path / "paired" / f"{name}0-vs-other-seed0.json").is_file()
