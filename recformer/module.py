@@ -153,8 +153,8 @@ class RankerModule(pl.LightningModule):
             branch_loss: With a logit term beside the blocks (``ranker.cross_layers``, ``fm``,
                 ``item_bias``), the head's logit and that term's each also get the log loss times
                 this weight in training, so each part learns to predict alone, as an ensemble's
-                members do (deep supervision, Lee et al. 2015); 0 turns it off. Those steps run
-                ``ranker.forward_parts``, outside ``compile``.
+                members do (deep supervision, Lee et al. 2015); 0 turns it off. Training steps
+                then run ``ranker.forward_parts`` (compiled too under ``compile``).
         """
         super().__init__()
         # Checkpoints store the configs as plain dicts, so they load with torch's weights_only=True;
@@ -175,7 +175,7 @@ class RankerModule(pl.LightningModule):
         self.register_buffer("nonfinite_total", torch.zeros((), dtype=torch.long), persistent=True)
         self._nonfinite_in_a_row = 0
         self._oov: torch.Tensor | None = None
-        self._compiled = False
+        self._compiled, self._forward_parts = False, None  # forward_parts compiled, under compile
 
     def _make_metrics(self, auc_exact_max_rows: int) -> None:
         """Each stage's metrics (``_metrics``), GAUC and the eval losses."""
@@ -261,6 +261,8 @@ class RankerModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.compile_model and not self._compiled:
             self.ranker.compile()  # in place: keeps state-dict keys (no `_orig_mod.`)
+            if self.branch_loss:  # the training steps run forward_parts (train_loss)
+                self._forward_parts = torch.compile(self.ranker.forward_parts)
             self._compiled = True
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -275,7 +277,7 @@ class RankerModule(pl.LightningModule):
     def train_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The training loss of ``batch`` (the log loss and every term beside it) and the logits."""
         if self.branch_loss:  # each part on its own too
-            head_B, wide_B = self.ranker.forward_parts(batch)
+            head_B, wide_B = (self._forward_parts or self.ranker.forward_parts)(batch)
             logits_B = head_B + wide_B
             loss = self.branch_loss * (_log_loss(head_B, batch) + _log_loss(wide_B, batch))
         else:
