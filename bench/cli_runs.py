@@ -1,6 +1,7 @@
 """What the quality benches share: ``recformer fit`` and ``recformer evaluate`` run as a user runs
 them (subprocesses of the CLI), the best validation checkpoint of a run, its test metrics, and the
-paired DeLong test of two checkpoints on the same rows."""
+paired DeLong test of two checkpoints on the same rows, and whether a cached run still is the point
+it stands for (``stale``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("auc", "auc_lo", "auc_hi", "gauc", "gauc_groups", "logloss", "ne", "calibration", "rows")
@@ -73,3 +76,86 @@ def evaluate(ckpt: Path, data_dir: str, out: Path) -> dict:
 def paired(ckpt: Path, other: Path, data_dir: str, out: Path) -> dict:
     """Paired DeLong test of AUC(ckpt) - AUC(other) on the same test rows (``evaluate --compare``)."""
     return _evaluate_once(ckpt, data_dir, out, "--compare", str(other))["compare"]
+
+
+def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
+    """What the config files' settings (every YAML leaf) and ``args`` (``--key=value``, later ones
+    win; ``--key+=value`` appends to a list) give that ``run_dir``'s saved ``config.yaml`` does not
+    hold: a cached run made before a preset changed is another point. A key the run lacks matches
+    only the default of today's code (the run predates the option, which then behaved so)."""
+    want: dict[str, object] = {}
+    for path in configs:
+        want |= _leaves(yaml.safe_load((ROOT / path).read_text()) or {})
+    for arg in args:
+        key, _, value = arg.removeprefix("--").partition("=")
+        want[key] = _scalar(value)
+    have = _leaves(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+    differ = []
+    for key, value in want.items():
+        if key.endswith("+"):  # an appended callback: one of the run's, same class and arguments
+            item = {"class_path": value} if isinstance(value, str) else value
+            found = [c for c in have.get(key[:-1]) or [] if c.get("class_path") == item["class_path"]]
+            ok = any(item.get("init_args", {}).items() <= c.get("init_args", {}).items() for c in found)
+        else:
+            ok = have[key] == value if key in have else _default(key) == value
+        if not ok:
+            differ.append(f"{key}: {value!r}, the run {have.get(key, 'unset')!r}")
+    return differ
+
+
+def _default(key: str) -> object:
+    """The value today's code gives ``model.*`` settings nobody sets (a config field's or a
+    ``RankerModule`` argument's default); a sentinel for any other key."""
+    import dataclasses  # noqa: PLC0415 (here: only stale() needs recformer)
+    import inspect  # noqa: PLC0415
+
+    from recformer.config import OptimConfig, RankerConfig  # noqa: PLC0415
+    from recformer.module import RankerModule  # noqa: PLC0415
+
+    parts = key.split(".")
+    if parts[:2] in (["model", "ranker"], ["model", "optim"]) and len(parts) == 3:
+        config = RankerConfig if parts[1] == "ranker" else OptimConfig
+        fields = {f.name: f.default for f in dataclasses.fields(config)}
+        return fields.get(parts[2], _UNKNOWN)
+    if parts[0] == "model" and len(parts) == 2:
+        arg = inspect.signature(RankerModule.__init__).parameters.get(parts[1])
+        return _UNKNOWN if arg is None else arg.default
+    return _UNKNOWN
+
+
+_UNKNOWN = object()
+
+
+def _leaves(node: object, prefix: str = "") -> dict[str, object]:
+    """A nested mapping as ``{"a.b.c": value}``; lists are values."""
+    if not isinstance(node, dict):
+        return {prefix: _scalar(node) if isinstance(node, str) else node}
+    out: dict[str, object] = {}
+    for k, v in node.items():
+        out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
+def _scalar(text: str) -> object:
+    """A command-line or YAML string as the value it stands for (``3e-05`` is a float)."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def set_aside(folder: Path, paired: Path | None = None) -> Path:
+    """Rename a run's ``folder`` to the first free ``<folder>.stale-N`` and move the paired tests
+    that name it (``paired``'s ``A-vs-B.json``, when given) into it: nothing is deleted, and
+    nothing cached of the stale run is read as the new one's."""
+    n = 1
+    while (aside := folder.with_name(f"{folder.name}.stale-{n}")).exists():
+        n += 1
+    folder.rename(aside)
+    for test in paired.glob("*.json") if paired is not None and paired.is_dir() else []:
+        if folder.name in test.stem.split("-vs-"):
+            test.rename(aside / test.name)
+    return aside

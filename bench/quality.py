@@ -118,10 +118,10 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
     args += [f"--{k}={v}" for k, v in setting.items()]
     configs = [grid["models"][arch]["config"], grid["data_config"]]
     if (run_dir / "done.json").is_file():
-        differ = stale(run_dir, configs, args)
+        differ = cli_runs.stale(run_dir, configs, args)
         if not differ:
             return json.loads((run_dir / "done.json").read_text())
-        aside = _set_aside(run_dir.parent, out / "paired")
+        aside = cli_runs.set_aside(run_dir.parent, out / "paired")
         print(f"{name}: the cached run differs from today's config ({'; '.join(differ)}); now {aside}")
     with SLOTS:
         run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
@@ -149,58 +149,6 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
     }
     (run_dir / "done.json").write_text(json.dumps(result, indent=2))
     return result
-
-
-def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
-    """What the config files' settings (every YAML leaf) and ``args`` (``--key=value``, later ones
-    win) give that ``run_dir``'s saved ``config.yaml`` does not hold: a cached run made before a
-    preset changed is another point. A key the run lacks counts as different."""
-    want: dict[str, object] = {}
-    for path in configs:
-        want |= _leaves(yaml.safe_load((ROOT / path).read_text()) or {})
-    for arg in args:
-        key, _, value = arg.removeprefix("--").partition("=")
-        want[key] = _scalar(value)
-    have = _leaves(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
-    unset = object()
-    return [
-        f"{k}: {v!r}, the run {have.get(k, 'unset')!r}" for k, v in want.items() if have.get(k, unset) != v
-    ]
-
-
-def _leaves(node: object, prefix: str = "") -> dict[str, object]:
-    """A nested mapping as ``{"a.b.c": value}``; lists are values."""
-    if not isinstance(node, dict):
-        return {prefix: _scalar(node) if isinstance(node, str) else node}
-    out: dict[str, object] = {}
-    for k, v in node.items():
-        out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    return out
-
-
-def _scalar(text: str) -> object:
-    """A command-line or YAML string as the value it stands for (``3e-05`` is a float)."""
-    value = yaml.safe_load(text)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _set_aside(folder: Path, paired: Path) -> Path:
-    """Rename a run's ``folder`` to the first free ``<folder>.stale-N`` and move the paired tests
-    that name it (``paired``'s ``A-vs-B.json``) into it: nothing is deleted, and nothing cached
-    of the stale run is read as the new one's."""
-    n = 1
-    while (aside := folder.with_name(f"{folder.name}.stale-{n}")).exists():
-        n += 1
-    folder.rename(aside)
-    for test in paired.glob("*.json") if paired.is_dir() else []:
-        if folder.name in test.stem.split("-vs-"):
-            test.rename(aside / test.name)
-    return aside
 
 
 SLOTS = threading.BoundedSemaphore(2)

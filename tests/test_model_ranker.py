@@ -233,6 +233,20 @@ def test_token_specific_weights_compile_in_one_graph() -> None:
     _compile_parity("aot_eager", token_params="specific")
 
 
+def test_the_parts_compile_in_one_graph_and_sum_to_the_logits() -> None:
+    """``forward_parts`` (what the training step runs under ``model.branch_loss``) compiles as
+    ``forward`` does, and its two parts sum to ``forward``'s logits."""
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1)
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+    batch = random_batch(dims)
+    parts = torch.compile(ranker.forward_parts, fullgraph=True, backend="aot_eager")
+    head_B, wide_B = parts(batch)
+    torch.testing.assert_close(head_B + wide_B, ranker(batch), rtol=1e-5, atol=1e-5)
+    assert wide_B.abs().max() > 0
+
+
 @pytest.mark.slow
 def test_compiled_inductor_ranker_agrees_with_eager() -> None:
     _compile_parity("inductor")

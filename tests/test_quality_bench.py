@@ -221,9 +221,16 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
     assert q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path) == {"cached": True}
     preset.write_text("model:\n  ranker:\n    d_model: 16\n    cross_layers: 1\n")  # the preset changed
     args = ["--data.data_dir=d", "--seed_everything=0", "--trainer.max_epochs=3", "--model.optim.lr=3e-05"]
-    assert q.stale(run, [str(preset), str(data_config)], args) == [
+    assert q.cli_runs.stale(run, [str(preset), str(data_config)], args) == [
         "model.ranker.cross_layers: 1, the run 'unset'"
     ]
+    # An option the run predates matches its default; an appended callback matches one of the run's.
+    callback = "--trainer.callbacks+={class_path: a.B, init_args: {decay: 0.9}}"
+    saved["trainer"]["callbacks"] = [{"class_path": "a.B", "init_args": {"decay": 0.9, "other": 1}}]
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    same = [*args, "--model.ranker.token_params=shared", "--model.branch_loss=0.0", callback]
+    assert q.cli_runs.stale(run, [str(data_config)], same) == []
+    assert q.cli_runs.stale(run, [str(data_config)], [*args, callback.replace("0.9", "0.5")]) != []
     with pytest.raises(AssertionError, match="rerun"):
         q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path)
     aside = tmp_path / "runs" / f"{name}.stale-1"
