@@ -48,6 +48,12 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
 - 2026-12-03, the joint lr x L2 pass (``--stage joint``) from every chosen point, the earlier points
   reused: 19 new points, none better than a model's chosen one (closest: DCN-V2 at lr 3e-3 without
   the penalty, 0.8007 / 0.6710 against 0.8057 / 0.6821); no choice moved.
+- 2026-12-03 evening, the cross network with its branch loss in ``small.yaml``: the Transformer's
+  search rerun from it (20 points; its best, lr 3e-3 with dropout 0.2, trains at 1.36x BST, so the
+  grid's ``choose_where`` takes the best point without dropout, lr 1e-2) and its seeds rerun, the
+  baselines' runs kept (configs unchanged, checked by ``cli_runs.stale``): test AUC 0.8108 ±
+  0.0015, GAUC 0.6676 (0.6680, 0.6625, 0.6723), paired against DIN +0.0005, -0.0029, +0.0038 (all
+  across zero), 3,600 samples/s, 2.04x BST (1,762).
 """
 
 from __future__ import annotations
@@ -262,6 +268,16 @@ def tune_joint(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
     return _record(grid, archs, dict(zip(archs, parallel(len(archs), [(one, a) for a in archs]))), out)
 
 
+def _choose(grid: dict, arch: str, ranked: list[dict], found: dict) -> dict:
+    """The search's point ``found``, or with ``models.<arch>.choose_where`` (settings a choice must
+    have, e.g. no dropout where attention dropout costs the training rate a target needs) the best
+    of the ``ranked`` points that have them."""
+    where = grid["models"][arch].get("choose_where")
+    if not where:
+        return next(r for r in ranked if r["setting"] == found)
+    return next(r for r in ranked if all(r["setting"].get(k) == v for k, v in where.items()))
+
+
 def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) -> dict[str, dict]:
     """Print every model's points (best first) and merge them into tuning.json, the choices into
     chosen.json; the chosen points."""
@@ -269,7 +285,7 @@ def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) ->
     chosen = {}
     for arch in archs:
         mine = sorted(found[arch][1], key=lambda r: -score(grid, r))
-        chosen[arch] = next(r for r in mine if r["setting"] == found[arch][0])
+        chosen[arch] = _choose(grid, arch, mine, found[arch][0])
         print(f"\n{arch}: validation {' + '.join(grid['score'])} per point (best first)")
         for r in mine:
             print(
@@ -277,7 +293,7 @@ def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) ->
                 f"best at epoch {r['best_epoch']} (validation {r['best_validation']}/{r['validations']})"
                 f"{'  HIT THE CAP' if r['hit_cap'] else ''}  ({r['fit_seconds']:.0f} s)"
             )
-    _merge(out / "tuning.json", results)
+    _merge(out / "tuning.json", results, replace=archs)
     _merge_dict(out / "chosen.json", {a: r["setting"] for a, r in chosen.items()})
     return chosen
 
@@ -455,9 +471,10 @@ def targets(by_arch: dict[str, list[dict]], tests: list[dict], reference: str) -
     return out
 
 
-def _merge(path: Path, rows: list[dict]) -> None:
-    """Rows into the JSON list at ``path``, a row per (arch, setting, seed), newest kept."""
-    old = json.loads(path.read_text()) if path.is_file() else []
+def _merge(path: Path, rows: list[dict], replace: list[str] = ()) -> None:
+    """Rows into the JSON list at ``path``, a row per (arch, setting, seed), newest kept; the old
+    rows of the ``replace`` archs dropped (a search's points are all in its rows)."""
+    old = [r for r in json.loads(path.read_text()) if r["arch"] not in replace] if path.is_file() else []
     key = lambda r: (r["arch"], json.dumps(r["setting"], sort_keys=True), r["seed"])
     merged = {key(r): r for r in [*old, *rows]}
     path.write_text(json.dumps(list(merged.values()), indent=2))

@@ -237,3 +237,17 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
     assert (aside / "version_0" / "done.json").is_file() and not run.exists()
     assert (aside / f"{name}-vs-other-seed0.json").is_file()
     assert (tmp_path / "paired" / f"{name}0-vs-other-seed0.json").is_file()
+
+
+def test_choose_where_keeps_the_best_point_that_has_the_settings(monkeypatch):
+    """``models.<arch>.choose_where``: the search's points stay, the choice is the best of those
+    with the given settings (the Transformer's: no dropout, for its training rate)."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling cli_runs
+    q = load_bench("quality")
+    ranked = [{"setting": {"lr": 3e-3, "dropout": 0.2}}, {"setting": {"lr": 1e-2, "dropout": 0.0}}]
+    grid = {"models": {"t": {"config": "x"}}}
+    assert q._choose(grid, "t", ranked, ranked[0]["setting"]) is ranked[0]
+    grid["models"]["t"]["choose_where"] = {"dropout": 0.0}
+    assert q._choose(grid, "t", ranked, ranked[0]["setting"]) is ranked[1]
