@@ -78,6 +78,20 @@ def paired(ckpt: Path, other: Path, data_dir: str, out: Path) -> dict:
     return _evaluate_once(ckpt, data_dir, out, "--compare", str(other))["compare"]
 
 
+def cached(run_dir: Path, configs: list[str], args: list[str], paired: Path | None = None) -> dict | None:
+    """A finished run's ``done.json`` when ``run_dir`` holds one made under what ``configs`` and
+    ``args`` give now; else None, after a stale run has been set aside (``set_aside``) and said so."""
+    if not (run_dir / "done.json").is_file():
+        return None
+    differ = stale(run_dir, configs, args)
+    if not differ:
+        return json.loads((run_dir / "done.json").read_text())
+    aside = set_aside(run_dir.parent, paired)
+    said = "; ".join(differ)
+    print(f"{run_dir.parent.name}: the cached run differs from today's config ({said}); in {aside.name}")
+    return None
+
+
 def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
     """What the config files' settings (every YAML leaf) and ``args`` (``--key=value``, later ones
     win; ``--key+=value`` appends to a list) give that ``run_dir``'s saved ``config.yaml`` does not

@@ -36,12 +36,9 @@ def run_variant(spec: dict, name: str, args: list[str], seed: int, out: Path) ->
     base = [f"--data.data_dir={spec['data_dir']}", f"--seed_everything={seed}"]
     base += [f"--trainer.max_epochs={spec['epochs']}", *spec.get("args", [])]
     configs = [spec["config"], spec["data_config"]]
-    if (run_dir / "done.json").is_file():
-        differ = cli_runs.stale(run_dir, configs, base + args)
-        if not differ:
-            return json.loads((run_dir / "done.json").read_text())
-        aside = cli_runs.set_aside(run_dir.parent)
-        print(f"{tag}: the cached run differs from today's config ({'; '.join(differ)}); now {aside}")
+    done = cli_runs.cached(run_dir, configs, base + args)
+    if done is not None:
+        return done
     run_dir, seconds = cli_runs.fit(configs, base + args, out / "runs", tag, threads=1)
     result = {"name": name, "seed": seed, "args": args, **scores(run_dir, spec["epochs"])}
     result["fit_seconds"] = round(seconds, 1)

@@ -123,12 +123,9 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
     ]
     args += [f"--{k}={v}" for k, v in setting.items()]
     configs = [grid["models"][arch]["config"], grid["data_config"]]
-    if (run_dir / "done.json").is_file():
-        differ = cli_runs.stale(run_dir, configs, args)
-        if not differ:
-            return json.loads((run_dir / "done.json").read_text())
-        aside = cli_runs.set_aside(run_dir.parent, out / "paired")
-        print(f"{name}: the cached run differs from today's config ({'; '.join(differ)}); now {aside}")
+    done = cli_runs.cached(run_dir, configs, args, out / "paired")
+    if done is not None:
+        return done
     with SLOTS:
         run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))

@@ -173,8 +173,7 @@ class Ranker(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Click logits, float32 [B]: the head's logit plus the branch's (``forward_parts``)."""
-        head_B, wide_B = self.forward_parts(batch)
-        return head_B if wide_B is None else head_B + wide_B
+        return self._logits(*self.forward_parts(batch))
 
     def forward_parts(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's logit and the sum of the terms beside the blocks (None without any), float32
