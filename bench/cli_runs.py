@@ -129,8 +129,10 @@ def _default(key: str) -> object:
     parts = key.split(".")
     if parts[:2] in (["model", "ranker"], ["model", "optim"]) and len(parts) == 3:
         config = RankerConfig if parts[1] == "ranker" else OptimConfig
-        fields = {f.name: f.default for f in dataclasses.fields(config)}
-        return fields.get(parts[2], _UNKNOWN)
+        for f in dataclasses.fields(config):
+            if f.name == parts[2]:  # a list field (cross_hidden) has a factory, not a default
+                return f.default_factory() if f.default is dataclasses.MISSING else f.default
+        return _UNKNOWN
     if parts[0] == "model" and len(parts) == 2:
         arg = inspect.signature(RankerModule.__init__).parameters.get(parts[1])
         return _UNKNOWN if arg is None else arg.default

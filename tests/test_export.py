@@ -111,7 +111,11 @@ def test_every_baseline_exports_or_is_refused_by_name(arch, tiny_data, tmp_path,
     "options",
     [
         ("--model.ranker.fm=true", "--model.ranker.item_bias=true"),
-        ("--model.ranker.cross_layers=1", "--model.ranker.head_product=true"),
+        (
+            "--model.ranker.cross_layers=1",
+            "--model.ranker.head_product=true",
+            "--model.ranker.cross_hidden=[8]",
+        ),
         ("--model.ranker.cross_layers=1", "--model.ranker.head_fields=true"),
         ("--model.ranker.token_params=specific",),
     ],

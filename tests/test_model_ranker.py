@@ -233,11 +233,13 @@ def test_token_specific_weights_compile_in_one_graph() -> None:
     _compile_parity("aot_eager", token_params="specific")
 
 
-def test_the_parts_compile_in_one_graph_and_sum_to_the_logits() -> None:
+@pytest.mark.parametrize("cross_hidden", [[], [8]])
+def test_the_parts_compile_in_one_graph_and_sum_to_the_logits(cross_hidden) -> None:
     """``forward_parts`` (what the training step runs under ``model.branch_loss``) compiles as
-    ``forward`` does, and its two parts sum to ``forward``'s logits."""
+    ``forward`` does, with or without the DNN beside the cross layers, and its two parts sum to
+    ``forward``'s logits."""
     dims = tiny_dims()
-    ranker = _ranker(dims, cross_layers=1)
+    ranker = _ranker(dims, cross_layers=1, cross_hidden=cross_hidden)
     with torch.no_grad():
         ranker.cross.out.weight.normal_()
     batch = random_batch(dims)

@@ -229,6 +229,7 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
     saved["trainer"]["callbacks"] = [{"class_path": "a.B", "init_args": {"decay": 0.9, "other": 1}}]
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     same = [*args, "--model.ranker.token_params=shared", "--model.branch_loss=0.0", callback]
+    same.append("--model.ranker.cross_hidden=[]")  # a list option: its default comes from a factory
     assert q.cli_runs.stale(run, [str(data_config)], same) == []
     assert q.cli_runs.stale(run, [str(data_config)], [*args, callback.replace("0.9", "0.5")]) != []
     with pytest.raises(AssertionError, match="rerun"):

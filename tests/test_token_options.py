@@ -201,3 +201,86 @@ def test_head_product_feeds_the_head_the_cls_times_target_readout():
     torch.testing.assert_close(x[:, 32:], x[:, :16] * x[:, 16:32])
     with pytest.raises(ValueError, match="head_product=True needs head='both'"):
         RankerConfig(d_model=16, n_heads=2, head="cls", head_product=True)
+
+
+def test_cross_hidden_runs_dcnv2s_dnn_beside_the_cross_layers_into_their_logit():
+    base, batch = _ranker()
+    ranker, _ = _ranker(cross_layers=1, cross_hidden=[8, 4])
+    tower = ranker.cross
+    assert tower.out.in_features == tower.layers[0].linear.in_features + 4
+    with torch.no_grad():
+        torch.testing.assert_close(ranker(batch), base(batch))  # zero output at init: the same model
+        assert all(m.bias.abs().max() == 0 for m in tower.dnn if isinstance(m, torch.nn.Linear))
+        tower.out.weight.normal_()
+        from recformer.model import fm
+
+        x_BTD, _ = ranker.tokens(batch)
+        x0 = fm.fields(ranker.tokens, x_BTD, batch.hist_mask).flatten(1)
+        lin = tower.layers[0].linear
+        crossed = x0 * (x0 @ lin.weight.T + lin.bias) + x0
+        h = x0
+        for layer in [m for m in tower.dnn if isinstance(m, torch.nn.Linear)]:
+            h = torch.relu(h @ layer.weight.T + layer.bias)
+        want_B = (torch.cat([crossed, h], 1) @ tower.out.weight.T)[:, 0]
+        torch.testing.assert_close(ranker(batch) - base(batch), want_B)
+        logits_B, _ = ranker.forward_stats(batch)
+        torch.testing.assert_close(logits_B, ranker(batch))
+    kinds = ranker.param_kinds()
+    assert kinds["cross.dnn.0.weight"] == "hidden" and kinds["cross.dnn.3.bias"] == "vector"
+    # FLOPs count the DNN's matrices once per sample, as the head's.
+    from recformer.model import flops
+
+    extra = sum(p.numel() for n, p in tower.named_parameters() if n.startswith("dnn.") and p.ndim == 2)
+    plain, _ = _ranker(cross_layers=1)
+    assert flops.total(ranker.flop_terms()) - flops.total(plain.flop_terms()) == pytest.approx(
+        flops.total([flops.Matmul(extra + 4, 1)])
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"cross_hidden": [8]}, r"cross_hidden=\[8\] .* needs cross_layers >= 1 \(got 0\)"),
+        ({"cross_hidden": [8], "cross_layers": 1, "head_fields": True}, r"head_fields=false \(got True\)"),
+        ({"cross_hidden": [8, 0], "cross_layers": 1}, r"cross_hidden=\[8, 0\]: every width must be >= 1"),
+    ],
+)
+def test_cross_hidden_refuses_what_it_cannot_build(kw, match):
+    with pytest.raises(ValueError, match=match):
+        RankerConfig(d_model=16, n_heads=2, **kw)
+
+
+def test_attention_dropout_defaults_to_dropout_and_can_leave_the_weights_alone():
+    assert RankerConfig(d_model=16, n_heads=2, dropout=0.2).attention_dropout_p == 0.2
+    cfg = RankerConfig(d_model=16, n_heads=2, dropout=0.2, attention_dropout=0.0)
+    assert cfg.attention_dropout_p == 0.0 and cfg.dropout == 0.2
+    with pytest.raises(ValueError, match=r"attention_dropout=1.0 must be in \[0, 1\)"):
+        RankerConfig(d_model=16, n_heads=2, attention_dropout=1.0)
+    ranker, batch = _ranker(dropout=0.2, attention_dropout=0.0)
+    seen: list[float] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["dropout_p"])
+        return real(*args, **kwargs)
+
+    attention = ranker.blocks[0].attn
+    assert (attention.dropout, attention.attention_dropout) == (0.2, 0.0)
+    with torch.no_grad():
+        ranker.head.out.weight.normal_()  # the readout starts at zero: every logit the same
+    ranker.train()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        out_a, out_b = ranker(batch), ranker(batch)
+    assert seen and set(seen) == {0.0}  # the fused kernel's path: no dropout on the weights
+    assert (out_a - out_b).abs().max() > 1e-4  # the residual branches still drop
+
+
+def test_attention_dropout_alone_drops_only_the_weights():
+    ranker, batch = _ranker(attention_dropout=0.3)
+    attention = ranker.blocks[0].attn
+    assert (attention.dropout, attention.attention_dropout) == (0.0, 0.3)
+    with torch.no_grad():
+        ranker.head.out.weight.normal_()
+    ranker.train()
+    assert (ranker(batch) - ranker(batch)).abs().max() > 1e-4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 # ----------------------------------------------------------------------------------------------
@@ -82,6 +82,12 @@ class RankerConfig:
     (the parallel DCN-V2 with the blocks as its deep network): explicit user x item crosses of any
     degree up to cross_layers + 1. 0: none. Under muP its logit is multiplied by 1/m like the
     readout; its layers keep DCN-V2's Glorot init (not width-scaled)."""
+    cross_hidden: list[int] = field(default_factory=list)
+    """Widths of a ReLU DNN over the same flattened fields beside the cross layers, its output
+    concatenated with theirs before the cross network's logit: DCN-V2's parallel structure
+    (cross layers + DNN) as the branch, the blocks and head beside it. Needs ``cross_layers`` >= 1
+    and the cross network's own logit (no ``head_fields``). Glorot init and, under muP, the
+    ``hidden`` kind as the cross layers have. []: the cross layers alone."""
     head_fields: bool = False
     """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
     when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
@@ -100,9 +106,19 @@ class RankerConfig:
     head_hidden: int = 0
     """Hidden width of the head MLP; 0 = 2 * d_model."""
     dropout: float = 0.0
-    """Dropout on attention weights and residual branches."""
+    """Dropout on the residual branches (the attention and MLP outputs), and on the attention
+    weights unless ``attention_dropout`` says otherwise."""
+    attention_dropout: float | None = None
+    """Dropout on the attention weights; None: ``dropout``. On CPU any attention dropout sends SDPA
+    from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
+    2x; docs/quality.md), while dropout on the residual branches alone keeps the fused kernel."""
     base_rate: float = 0.5
     """Label base rate; the head bias starts at its log-odds."""
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The dropout on the attention weights: ``attention_dropout``, or ``dropout`` when None."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     def half_methods(self) -> list[str]:
         """Half of DeepNet, or muP's init without muP: each is one method, and half of it alone is
@@ -133,9 +149,18 @@ class RankerConfig:
             raise ValueError(f"n_layers={self.n_layers} must be >= 1")
         if not 0.0 < self.base_rate < 1.0:
             raise ValueError(f"base_rate={self.base_rate} must be strictly between 0 and 1")
-        for name in ("dropout", "embedding_dropout", "history_cat_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        for name in ("dropout", "embedding_dropout", "history_cat_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}={value} must be in [0, 1)")
+        if self.cross_hidden and (self.cross_layers < 1 or self.head_fields):
+            raise ValueError(
+                f"cross_hidden={self.cross_hidden} is the DNN beside the cross layers before their own "
+                f"logit: it needs cross_layers >= 1 (got {self.cross_layers}) and head_fields=false "
+                f"(got {self.head_fields})"
+            )
+        if any(w < 1 for w in self.cross_hidden):
+            raise ValueError(f"cross_hidden={self.cross_hidden}: every width must be >= 1")
         if self.dense_tokens < 1:
             raise ValueError(f"dense_tokens={self.dense_tokens} must be >= 1")
         if self.mup and self.init in ("xavier", "deepnorm"):

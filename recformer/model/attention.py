@@ -58,7 +58,8 @@ class Attention(nn.Module):
             None if cfg.qk_norm == "none" else QKNorm(cfg.qk_norm, cfg.norm, cfg.d_model, cfg.d_head)
         )
         self.scale = attention_scale(cfg)
-        self.dropout = cfg.dropout
+        self.dropout = cfg.dropout  # on the output (the residual branch)
+        self.attention_dropout = cfg.attention_dropout_p  # on the weights
 
     def forward(
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
@@ -74,7 +75,7 @@ class Attention(nn.Module):
             k_BNTH,
             v_BNTH,
             attn_mask=attend_B11T,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.attention_dropout if self.training else 0.0,
             scale=self.scale,
         )
         return self._output(o_BNQH, keep)
@@ -142,7 +143,9 @@ class Attention(nn.Module):
         logit_BNTT = logit_BNTT.masked_fill(~attend_B11T, float("-inf"))
         # Softmax in at least fp32 (bf16 logits under autocast), like the fused kernel.
         p_BNTT = torch.softmax(logit_BNTT, dim=-1, dtype=torch.promote_types(logit_BNTT.dtype, torch.float32))
-        p_drop = F.dropout(p_BNTT, self.dropout, self.training) if self.dropout > 0 else p_BNTT
+        p_drop = (
+            F.dropout(p_BNTT, self.attention_dropout, self.training) if self.attention_dropout > 0 else p_BNTT
+        )
         o_BNTH = p_drop.to(v_BNTH.dtype) @ v_BNTH
 
         with torch.no_grad():

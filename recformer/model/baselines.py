@@ -35,7 +35,7 @@ from recformer.batch import Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops, fm
 from recformer.model.blocks import PostNormBlock
-from recformer.model.cross import CrossLayer
+from recformer.model.cross import CrossLayer, dnn
 from recformer.model.embedding import FeatureTokenizer, item_id_rows
 from recformer.model.init import init_tokens
 from recformer.model.protocol import BlockStats, ParamKind
@@ -83,14 +83,6 @@ class PopularityRanker(nn.Module):
 
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats | None]:
         return self(batch), None
-
-
-def _mlp(d_in: int, widths: list[int], dropout: float, act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for w in widths:
-        layers += [nn.Linear(d_in, w), act(), nn.Dropout(dropout)]
-        d_in = w
-    return nn.Sequential(*layers)
 
 
 class TokenBaseline(nn.Module):
@@ -215,7 +207,7 @@ class DeepFMRanker(TokenBaseline):
         d_in = self.n_fields * cfg.d_model
         widths = [cfg.head_hidden] * 3 if cfg.head_hidden else DNN_WIDTHS
         self.first = nn.Linear(d_in, 1)
-        self.dnn = _mlp(d_in, widths, cfg.dropout)
+        self.dnn = dnn(d_in, widths, cfg.dropout)
         self.out = nn.Linear(widths[-1], 1)
         self._init()
 
@@ -241,7 +233,7 @@ class DCNv2Ranker(TokenBaseline):
         d_in = self.n_fields * cfg.d_model
         widths = [cfg.head_hidden] * 3 if cfg.head_hidden else DNN_WIDTHS
         self.cross = nn.ModuleList(CrossLayer(d_in) for _ in range(cfg.n_layers))
-        self.dnn = _mlp(d_in, widths, cfg.dropout)
+        self.dnn = dnn(d_in, widths, cfg.dropout)
         self.out = nn.Linear(widths[-1] + (d_in if parallel else 0), 1)
         self._init()
         for layer in self.cross:
@@ -275,7 +267,7 @@ class BSTRanker(TokenBaseline):
         D = cfg.d_model
         self.block = PostNormBlock(dataclasses.replace(cfg, norm="layer", qk_norm="none"), 0)
         d_in = (self.n_context - 1 + self.max_len + 1) * D
-        self.mlp = _mlp(d_in, BST_WIDTHS, cfg.dropout, nn.LeakyReLU)
+        self.mlp = dnn(d_in, BST_WIDTHS, cfg.dropout, nn.LeakyReLU)
         self.out = nn.Linear(BST_WIDTHS[-1], 1)
         self._init()
         for m in self.block.modules():  # norms start as the identity

@@ -32,16 +32,31 @@ class CrossLayer(nn.Module):
         self.linear.bias.zero_()
 
 
+def dnn(d_in: int, widths: list[int], dropout: float = 0.0, act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """DCN-V2's and DeepFM's deep network: Linear, activation, dropout per width."""
+    layers: list[nn.Module] = []
+    for w in widths:
+        layers += [nn.Linear(d_in, w), act(), nn.Dropout(dropout)]
+        d_in = w
+    return nn.Sequential(*layers)
+
+
 class CrossTower(nn.Module):
     """``n_layers`` cross layers over the flattened fields, then one logit (the parallel DCN-V2's
     cross half and its share of the output layer): added to another model's logit, it is DCN-V2's
-    parallel structure with that model as the deep network."""
+    parallel structure with that model as the deep network. With ``hidden`` widths a ReLU DNN runs
+    beside the cross layers over the same fields and the logit reads both (the whole parallel
+    DCN-V2, sharing the other model's embedding tables)."""
 
-    def __init__(self, d_in: int, n_layers: int, readout: bool = True) -> None:
+    def __init__(
+        self, d_in: int, n_layers: int, readout: bool = True, hidden: list[int] | None = None
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(CrossLayer(d_in) for _ in range(n_layers))
+        self.dnn = dnn(d_in, hidden) if hidden else None
         # The other model's output layer holds the bias. None: ``cross`` feeds another layer instead.
-        self.out = nn.Linear(d_in, 1, bias=False) if readout else None
+        d_out = d_in + (hidden[-1] if hidden else 0)
+        self.out = nn.Linear(d_out, 1, bias=False) if readout else None
 
     def cross(self, v_BFD: torch.Tensor) -> torch.Tensor:
         """``v_BFD``: the fields [B, F, D] (``fm.fields``); returns the last layer's x [B, F * D]."""
@@ -51,15 +66,25 @@ class CrossTower(nn.Module):
             x_BX = layer(x0_BX, x_BX)
         return x_BX
 
+    def logit(self, v_BFD: torch.Tensor, crossed_BX: torch.Tensor) -> torch.Tensor:
+        """Logits [B] from ``cross``'s output ``crossed_BX`` (and the DNN over the fields ``v_BFD``)."""
+        if self.dnn is not None:
+            crossed_BX = torch.cat([crossed_BX, self.dnn(v_BFD.flatten(1))], -1)
+        return self.out(crossed_BX).squeeze(-1)
+
     def forward(self, v_BFD: torch.Tensor) -> torch.Tensor:
         """Logits [B] of the crossed fields."""
-        return self.out(self.cross(v_BFD)).squeeze(-1)
+        return self.logit(v_BFD, self.cross(v_BFD))
 
     @torch.no_grad()
     def reset(self) -> None:
-        """Cross layers as ``CrossLayer.reset``; the output zero, so the tower starts silent and the
+        """Cross layers as ``CrossLayer.reset``, the DNN's layers Glorot with zero biases (the
+        Keras default of the paper's code); the output zero, so the tower starts silent and the
         sum starts at the other model's logit."""
         for layer in self.layers:
             layer.reset()
+        for linear in [m for m in self.dnn or [] if isinstance(m, nn.Linear)]:
+            nn.init.xavier_normal_(linear.weight)
+            linear.bias.zero_()
         if self.out is not None:
             self.out.weight.zero_()

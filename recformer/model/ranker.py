@@ -97,7 +97,9 @@ class Ranker(nn.Module):
         self.head = Head(cfg, d_fields if cfg.head_fields else 0)
         self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
         self.cross = (
-            CrossTower(d_fields, cfg.cross_layers, readout=not cfg.head_fields) if cfg.cross_layers else None
+            CrossTower(d_fields, cfg.cross_layers, not cfg.head_fields, cfg.cross_hidden)
+            if cfg.cross_layers
+            else None
         )
         init_weights(self)
 
@@ -203,7 +205,7 @@ class Ranker(nn.Module):
             if self.cfg.fm:
                 wide.append(fm.pairwise(v_BFD) * self.head.readout_mult)
             if self.cross is not None and self.cross.out is not None:
-                wide.append(self.cross.out(crossed_BX).squeeze(-1) * self.head.readout_mult)
+                wide.append(self.cross.logit(v_BFD, crossed_BX) * self.head.readout_mult)
             if self.cfg.head_fields:
                 fields_BX = v_BFD.flatten(1) if crossed_BX is None else crossed_BX
         return (sum(wide[1:], wide[0]) if wide else None), fields_BX
