@@ -43,8 +43,8 @@ OPTIONS = {
     "4 heads, MLP 4x": {"ranker": {"n_heads": 4, "mlp_ratio": 4.0}},
     "dropout 0.2": {"ranker": {"dropout": 0.2}},
     "dropout 0.2, none on attention": {"ranker": {"dropout": 0.2, "attention_dropout": 0.0}},
-    "cross DNN 400x3": {"ranker": {"cross_hidden": [400, 400, 400]}},
-    "cross DNN 128x2": {"ranker": {"cross_hidden": [128, 128]}},
+    "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
+    "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }
 """Options measured against the Transformer's own settings (name: the model settings they change,
 ``ranker`` for the ranker config): the token options, the FM crosses, the cross network (with its
