@@ -4,6 +4,7 @@ tuned alike on validation, then measured over seeds with paired tests on the sam
     python bench/quality.py                                  # tune, final, throughput (hours on 2 cores)
     python bench/quality.py --stage tune --archs deepfm bst  # a part of the grid
     python bench/quality.py --stage joint                    # the joint lr x L2 pass from chosen.json
+    python bench/quality.py --stage presets                  # chosen.json from the presets (no tune run)
     python bench/quality.py --stage final                    # the chosen settings, seeds 0 1 2
     python bench/quality.py --stage throughput               # training samples/s, side by side
     python bench/quality.py --stage report                   # docs/quality.md's table, from the JSON files
@@ -265,6 +266,19 @@ def tune_joint(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
     return _record(grid, archs, dict(zip(archs, parallel(len(archs), [(one, a) for a in archs]))), out)
 
 
+def from_presets(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
+    """chosen.json from the presets themselves: each model's axes at the values its preset gives
+    (``preset_value``), which is where ``tune``'s choice is written by hand. For a checkout without
+    ``tune``'s outputs, so ``final``, ``throughput`` and ``report`` can rerun today's table."""
+    chosen = {}
+    for arch in archs:
+        axes = grid["models"][arch].get("axes", list(grid["axes"]))
+        chosen[arch] = {k: preset_value(grid, arch, k) for k in axes}
+        print(f"{arch}: {json.dumps(chosen[arch])} (from {grid['models'][arch]['config']})")
+    _merge_dict(out / "chosen.json", chosen)
+    return chosen
+
+
 def _choose(grid: dict, arch: str, ranked: list[dict], found: dict) -> dict:
     """The search's point ``found``, or with ``models.<arch>.choose_where`` (settings a choice must
     have, e.g. no dropout where attention dropout costs the training rate a target needs) the best
@@ -485,7 +499,9 @@ def _merge_dict(path: Path, d: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--stage", choices=["tune", "joint", "final", "throughput", "report", "all"], default="all"
+        "--stage",
+        choices=["tune", "joint", "presets", "final", "throughput", "report", "all"],
+        default="all",
     )
     p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
     p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
@@ -505,6 +521,8 @@ def main() -> None:
         tune(grid, archs, a.out, a.jobs)
     if a.stage == "joint":
         tune_joint(grid, archs, a.out)
+    if a.stage == "presets":
+        from_presets(grid, archs, a.out)
     if a.stage in ("final", "all"):
         final(grid, archs, a.seeds, a.out, a.jobs, a.reference)
     if a.stage in ("throughput", "all"):

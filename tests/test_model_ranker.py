@@ -249,6 +249,15 @@ def test_the_parts_compile_in_one_graph_and_sum_to_the_logits(cross_hidden) -> N
     assert wide_B.abs().max() > 0
 
 
+@pytest.mark.parametrize("mask", ["element", "feature"])
+def test_residual_dropout_compiles_in_one_graph_in_training(mask) -> None:
+    dims = tiny_dims()
+    ranker = _ranker(dims, dropout=0.2, attention_dropout=0.0, dropout_mask=mask).train()
+    head_B, _ = torch.compile(ranker.forward_parts, fullgraph=True, backend="aot_eager")(random_batch(dims))
+    head_B.sum().backward()
+    assert ranker.blocks[0].mlp.down.weight.grad is not None
+
+
 @pytest.mark.slow
 def test_compiled_inductor_ranker_agrees_with_eager() -> None:
     _compile_parity("inductor")

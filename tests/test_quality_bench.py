@@ -252,3 +252,23 @@ def test_choose_where_keeps_the_best_point_that_has_the_settings(monkeypatch):
     assert q._choose(grid, "t", ranked, ranked[0]["setting"]) is ranked[0]
     grid["models"]["t"]["choose_where"] = {"dropout": 0.0}
     assert q._choose(grid, "t", ranked, ranked[0]["setting"]) is ranked[1]
+
+
+def test_the_presets_stage_writes_each_models_preset_values_on_its_axes(tmp_path, monkeypatch):
+    """``--stage presets``: chosen.json from the shipped presets (the tuning's choices, written in
+    them), each model on its own axes; what the grid's ``defaults`` give where a preset is silent."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    q = load_bench("quality")
+    grid = q.load_grid(ROOT / "configs" / "quality" / "grid.yaml")
+    chosen = q.from_presets(grid, ["transformer", "popularity", "bst"], tmp_path)
+    small = yaml.safe_load((ROOT / "configs/model/small.yaml").read_text())["model"]
+    assert chosen["transformer"] == {
+        "model.optim.lr": small["optim"]["lr"],
+        "model.optim.embedding_l2": small["optim"]["embedding_l2"],
+        "model.ranker.dropout": small["ranker"]["dropout"],
+    }
+    assert set(chosen["popularity"]) == {"model.optim.lr", "model.optim.embedding_l2"}
+    assert chosen["bst"]["model.optim.embedding_l2"] == grid["defaults"]["model.optim.embedding_l2"]
+    assert json.loads((tmp_path / "chosen.json").read_text()) == chosen

@@ -284,3 +284,41 @@ def test_attention_dropout_alone_drops_only_the_weights():
         ranker.head.out.weight.normal_()
     ranker.train()
     assert (ranker(batch) - ranker(batch)).abs().max() > 1e-4
+
+
+def test_feature_dropout_shares_one_mask_per_sample_and_feature_across_tokens():
+    from recformer.model.dropout import branch_dropout
+
+    torch.manual_seed(0)
+    y = torch.ones(2000, 7, 16)
+    out = branch_dropout(y, 0.25, True, "feature")
+    assert torch.equal(out, out[:, :1].expand_as(out))  # one draw per (sample, feature)
+    torch.testing.assert_close(out.unique(), torch.tensor([0.0, 1 / 0.75]))  # kept: scaled by 1 / (1 - p)
+    assert abs((out[:, 0] == 0).float().mean().item() - 0.25) < 0.01
+    element = branch_dropout(y, 0.25, True, "element")
+    assert not torch.equal(element, element[:, :1].expand_as(element))  # the usual mask differs per token
+    assert branch_dropout(y, 0.25, False, "feature") is y and branch_dropout(y, 0.0, True, "feature") is y
+    with pytest.raises(ValueError, match="dropout_mask='token'; expected 'element' or 'feature'"):
+        RankerConfig(d_model=16, n_heads=2, dropout_mask="token")
+
+
+def test_the_blocks_drop_their_updates_with_the_configured_mask(monkeypatch):
+    """The attention and MLP outputs go through ``branch_dropout`` with the config's mask, and
+    with it alone the ranker is stochastic in training and exact in eval."""
+    import recformer.model.attention as attention_module
+    import recformer.model.blocks as blocks_module
+
+    seen: list[tuple[float, str]] = []
+    for module in (attention_module, blocks_module):
+        real = module.branch_dropout
+        monkeypatch.setattr(
+            module, "branch_dropout", lambda y, p, t, m, real=real: seen.append((p, m)) or real(y, p, t, m)
+        )
+    ranker, batch = _ranker(dropout=0.2, attention_dropout=0.0, dropout_mask="feature")
+    with torch.no_grad():
+        ranker.head.out.weight.normal_()
+    ranker.train()
+    assert (ranker(batch) - ranker(batch)).abs().max() > 1e-4
+    assert seen and set(seen) == {(0.2, "feature")} and len(seen) == 2 * 2 * ranker.cfg.n_layers
+    ranker.eval()
+    torch.testing.assert_close(ranker(batch), ranker(batch))

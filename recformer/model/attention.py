@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recformer.config import RankerConfig
+from recformer.model.dropout import branch_dropout
 from recformer.model.mup import attention_scale
 from recformer.model.norms import QKNorm
 from recformer.model.token_params import TokenLayout, specific_weight, token_linear
@@ -59,6 +60,7 @@ class Attention(nn.Module):
         )
         self.scale = attention_scale(cfg)
         self.dropout = cfg.dropout  # on the output (the residual branch)
+        self.dropout_mask = cfg.dropout_mask
         self.attention_dropout = cfg.attention_dropout_p  # on the weights
 
     def forward(
@@ -126,7 +128,7 @@ class Attention(nn.Module):
         B, _, Q, _ = o_BNQH.shape
         o_BQD = o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model)
         y_BQD = token_linear(o_BQD, self.out.weight, self.out_specific, self.layout, keep)
-        return F.dropout(y_BQD, self.dropout, self.training) if self.dropout > 0 else y_BQD
+        return branch_dropout(y_BQD, self.dropout, self.training, self.dropout_mask)
 
     def _explicit(
         self,

@@ -38,6 +38,7 @@ from torch import nn
 
 from recformer.config import RankerConfig
 from recformer.model.attention import Attention, AttentionStats
+from recformer.model.dropout import branch_dropout
 from recformer.model.norms import layer_scale, make_norm
 from recformer.model.token_params import TokenLayout, specific_weight, token_linear
 
@@ -76,6 +77,7 @@ class MLP(nn.Module):
         self.up_specific = specific_weight(layout, self.up)
         self.down_specific = specific_weight(layout, self.down)
         self.dropout = cfg.dropout
+        self.dropout_mask = cfg.dropout_mask
 
     def forward(self, x_BTD: torch.Tensor, keep: slice | None = None) -> torch.Tensor:
         """``x_BTD``: every token, or the rows ``keep`` selects."""
@@ -86,7 +88,7 @@ class MLP(nn.Module):
         else:
             h_BTM = F.gelu(u_BTX)
         y_BTD = token_linear(h_BTM, self.down.weight, self.down_specific, self.layout, keep)
-        return F.dropout(y_BTD, self.dropout, self.training) if self.dropout > 0 else y_BTD
+        return branch_dropout(y_BTD, self.dropout, self.training, self.dropout_mask)
 
 
 class Block(nn.Module):
