@@ -53,8 +53,8 @@ OPTIONS = {
 ``ranker`` for the ranker config): the token options, the FM crosses, the cross network (with its
 own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml`` had until
 2026-12-02, dropout with and without its share on the attention weights (and with one mask per
-sample and feature, ``dropout_mask: feature``), and a DNN beside the
-cross layers (DCN-V2's 3 x 400, and a smaller one)."""
+sample and feature, ``dropout_mask: feature``), and a DNN beside the cross layers (DCN-V2's
+3 x 400, and a smaller one)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

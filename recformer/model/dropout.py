@@ -7,9 +7,10 @@
 - ``feature``: one draw per sample and feature, [B, 1, D], shared by every token of the sample:
   the same features of every token's update are dropped together, as variational ("locked")
   dropout shares one mask across an RNN's time steps (Gal & Ghahramani 2016; Merity et al. 2018).
-  It draws T times fewer random numbers: on CPU, where ``F.dropout``'s Bernoulli draws cost about
-  a third of the default's training step at 0.2, that is most of dropout's cost
-  (``bench/bench_throughput.py``).
+  It draws T times fewer random numbers. On CPU ``F.dropout``'s Bernoulli draws are most of
+  dropout's cost: at 0.2 on the residual branches the default trains 15-18% slower with
+  ``element`` and no measurably slower with ``feature`` (``bench/bench_throughput.py``,
+  2026-12-06; docs/levers.md).
 """
 
 from __future__ import annotations
