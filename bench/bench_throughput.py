@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--per-slot-content",
         action="store_true",
-        help="also each model with its content projected per item slot (the pre-2026-12-01 CPU path)",
+        help="also each model with its item bags summed and content projected per item slot (the GPU path)",
     )
     p.add_argument("--data", type=Path, default=ROOT / "data" / "movielens")
     p.add_argument("--batch", type=int, default=256)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
             if " " in name or not hasattr(models[name][0].ranker, "tokens"):
                 continue  # the options, and the models without a tokenizer
             module, optimizer = build(m, dm)
-            module.ranker.tokens.content_once_per_item = False
+            module.ranker.tokens.once_per_item = False
             models[f"{name} per-slot content"] = (module, optimizer)
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):

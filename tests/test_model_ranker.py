@@ -263,10 +263,23 @@ def test_compiled_inductor_ranker_agrees_with_eager() -> None:
     _compile_parity("inductor")
 
 
-def test_content_projected_once_per_item_equals_per_slot():
-    """The CPU path projecting each distinct item's content once gives the per-slot outputs and
-    gradients (to float rounding)."""
-    dims = tiny_dims()
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"item_feat_values": [1, 3]},  # a multi-valued feature: padding rows
+        {"hist_cat_rows": [], "time_gap_buckets": 0},  # an event's bag is its item's alone
+        {"cat_rows": []},
+        {"max_len": 0, "hist_cat_rows": [], "time_gap_buckets": 0},
+        {"content_dim": 0},
+    ],
+    ids=["every-kind", "multi-valued", "no-event-ids", "no-context", "no-history", "no-content"],
+)
+def test_once_per_item_path_equals_per_slot(change):
+    """The CPU path summing each distinct item's id and feature rows and projecting its content
+    once (``FeatureTokenizer.once_per_item``) gives the per-slot path's outputs and gradients, every
+    parameter's, to float rounding."""
+    dims = dataclasses.replace(tiny_dims(), **change)
     torch.manual_seed(0)
     a = Ranker(RankerConfig(d_model=16, n_layers=1, n_heads=2), dims)
     a.set_item_tables(*random_item_tables(dims, 0))
@@ -275,13 +288,14 @@ def test_content_projected_once_per_item_equals_per_slot():
             p.add_(0.05 * torch.randn_like(p))
     b = Ranker(RankerConfig(d_model=16, n_layers=1, n_heads=2), dims)
     b.load_state_dict(a.state_dict())
-    b.tokens.content_once_per_item = False
+    b.tokens.once_per_item = False
     batch = random_batch(dims, 32, seed=1)
-    assert len(torch.unique(batch.hist_item)) < batch.hist_item.numel()  # items repeat
+    items = torch.cat([batch.hist_item.flatten(), batch.target_item])
+    assert len(torch.unique(items)) < items.numel()  # items repeat
     out_a, out_b = a(batch), b(batch)
     torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-6)
     out_a.sum().backward()
     out_b.sum().backward()
-    grad_a, grad_b = a.tokens.content_proj.weight.grad, b.tokens.content_proj.weight.grad
-    assert grad_a.abs().sum() > 0
-    torch.testing.assert_close(grad_a, grad_b, rtol=1e-4, atol=1e-6)
+    assert a.tokens.table.weight.grad.abs().sum() > 0
+    for (name, p_a), p_b in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p_a.grad, p_b.grad, rtol=1e-4, atol=1e-6, msg=name)

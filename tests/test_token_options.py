@@ -322,3 +322,39 @@ def test_the_blocks_drop_their_updates_with_the_configured_mask(monkeypatch):
     assert seen and set(seen) == {(0.2, "feature")} and len(seen) == 2 * 2 * ranker.cfg.n_layers
     ranker.eval()
     torch.testing.assert_close(ranker(batch), ranker(batch))
+
+
+def test_element_dropout_on_cpu_draws_16_bits_an_element(monkeypatch):
+    """On CPU, eager, ``element`` is ``_bits_dropout``: the Bernoulli(1 - p) mask of ``F.dropout``
+    (to 2**-17), scaled to keep the mean, fixed by the seed, in the input's dtype, and its gradient is
+    the same mask."""
+    from recformer.model import dropout
+
+    monkeypatch.setattr(dropout.F, "dropout", lambda *a, **k: pytest.fail("F.dropout on the CPU path"))
+    y = torch.ones(400, 50, 64, requires_grad=True)
+    torch.manual_seed(3)
+    out = dropout.branch_dropout(y, 0.2, True, "element")
+    kept = round(0.8 * 2**16)
+    torch.testing.assert_close(out.unique(), torch.tensor([0.0, 2**16 / kept]))
+    assert abs((out == 0).float().mean().item() - 0.2) < 0.003  # 1.28M draws: sd 0.00035
+    assert abs(out.mean().item() - 1.0) < 0.005
+    assert not torch.equal(out[:, 0], out[:, 1])  # every element its own draw
+    torch.manual_seed(3)
+    torch.testing.assert_close(dropout.branch_dropout(y, 0.2, True, "element"), out)
+    out.sum().backward()
+    torch.testing.assert_close(y.grad, out.detach())  # d(y * m) / dy = m
+    half = dropout.branch_dropout(torch.ones(8, 5, 16, dtype=torch.bfloat16), 0.5, True, "element")
+    assert half.dtype == torch.bfloat16 and set(half.unique().tolist()) <= {0.0, 2.0}
+    assert dropout.branch_dropout(torch.ones(3, 4, 8), 1e-9, True, "element").eq(1).all()  # p under 2**-17
+
+
+def test_element_dropout_keeps_f_dropout_where_its_kernels_are_fused(monkeypatch):
+    """Under ``torch.compile`` (and on GPU) the element mask is ``F.dropout``'s."""
+    from recformer.model import dropout
+
+    calls = []
+    real = dropout.F.dropout
+    monkeypatch.setattr(dropout.F, "dropout", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    dropout.branch_dropout(torch.ones(4, 3, 8), 0.2, True, "element")
+    assert calls == [0.2]

@@ -20,9 +20,13 @@ Token layout, fixed per model so every position has a meaning::
 All categorical rows (context fields, items, item features, event categoricals, time gaps) live in
 one table with per-field row offsets; each token's ids form one bag of a single ``embedding_bag``
 call, so the lookup is one gather (and one scatter-add in backward) and no [B, S, I, D] temporary.
+On CPU, eager, an item's bag (id and feature rows) and content projection are computed once per
+distinct item of the batch and gathered into its slots (``FeatureTokenizer._distinct``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +35,13 @@ from torch import nn
 from recformer.batch import ID_FIELDS, Batch
 from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops
+
+
+class Distinct(NamedTuple):
+    """A batch's distinct item rows [U] and each slot's index among them [B, S] (``torch.unique``)."""
+
+    items_U: torch.Tensor
+    inverse_BS: torch.Tensor
 
 
 class FeatureTokenizer(nn.Module):
@@ -133,6 +144,10 @@ class FeatureTokenizer(nn.Module):
         bag_sizes = [1] * self.n_cat + [self.event_ids] * self.max_len + [self.item_ids]
         self.ids_per_sample = sum(bag_sizes)
         self.register_buffer("bag_starts", torch.tensor([0, *bag_sizes[:-1]]).cumsum(0), persistent=False)
+        # The once-per-item path's bags (``_distinct``): a slot's bag holds only the event's own ids
+        # (categoricals, gap), none for the target; its item's bag is summed once per distinct item.
+        own_sizes = [1] * self.n_cat + [self.event_ids - self.item_ids] * self.max_len + [0]
+        self.register_buffer("own_starts", torch.tensor([0, *own_sizes[:-1]]).cumsum(0), persistent=False)
 
     def embedding_groups(self) -> dict[str, tuple[nn.Embedding, int, int]]:
         """Rows of ``table`` by feature group: ``{name: (table, start, stop)}``."""
@@ -247,10 +262,10 @@ class FeatureTokenizer(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.check_batch(batch)
-        bag_BUD, items_BS = self._lookup(batch)
+        bag_BUD, items_BS, distinct = self._lookup(batch)
         F_ = self.n_cat
         context, bags_valid_BT = self._context_tokens(batch, bag_BUD[:, :F_])
-        items, content_valid_BT = self._item_tokens(batch, bag_BUD[:, F_:], items_BS)
+        items, content_valid_BT = self._item_tokens(batch, bag_BUD[:, F_:], items_BS, distinct)
         x_BTD = torch.cat(context + items, dim=1) + self.slot_emb
         if self.embedding_dropout > 0:
             x_BTD = F.dropout(x_BTD, self.embedding_dropout, self.training)
@@ -264,9 +279,10 @@ class FeatureTokenizer(nn.Module):
         parts = [ones(n_before_bags), bags_valid_BT, batch.hist_mask, content_valid_BT, ones(1)]
         return x_BTD, torch.cat(parts, dim=1)
 
-    def _lookup(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every id bag of the batch in one ``embedding_bag``: the context categoricals' tokens, then
-        each item slot's (history events, target); and the item rows [B, S]."""
+    def _lookup(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, Distinct | None]:
+        """Every id bag of the batch: the context categoricals' tokens, then each item slot's
+        (history events, target), as [B, F + S, D]; the item rows [B, S]; and the batch's distinct
+        items (``_distinct``) when it takes the once-per-item path."""
         B, D, L, F_ = batch.target_item.shape[0], self.d_model, self.max_len, self.n_cat
         # History events and the target share the item rows (and the item side buffers).
         items_BS = (
@@ -275,27 +291,75 @@ class FeatureTokenizer(nn.Module):
             else batch.target_item[:, None]
         )
         S = items_BS.shape[1]
-        ids_BSJ = self._item_embedding_rows(items_BS).unsqueeze(-1) + self.item_offset
-        if self.n_item_feats:
-            feats_BSI = self.item_feats.index_select(0, items_BS.flatten()).view(B, S, self.n_item_feats)
-            ids_BSJ = torch.cat([ids_BSJ, self._rows(feats_BSI, self.feat_offsets)], dim=-1)
         pieces = [batch.cat + self.cat_offsets] if F_ else []
+        distinct = self._distinct(items_BS)
+        if distinct is not None:
+            return self._bags_once_per_item(batch, pieces, distinct), items_BS, distinct
+        ids_BSJ = self._item_ids(items_BS)
         if L:
             event = [ids_BSJ[:, :L]]
-            if self.n_hist_cat:
-                event.append(self._hist_cat_ids(batch.hist_cat))
-            if self.gap_offset >= 0:
-                event.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
+            if self.event_ids > self.item_ids:
+                event.append(self._event_ids(batch))
             pieces.append(torch.cat(event, dim=-1).view(B, L * self.event_ids))
         pieces.append(ids_BSJ[:, L])
         if torch.compiler.is_exporting():
-            return self._bags_by_segments(torch.cat(pieces, dim=1)), items_BS
+            return self._bags_by_segments(torch.cat(pieces, dim=1)), items_BS, None
         ids_Z = torch.cat(pieces, dim=1).view(-1)
         starts_Z = (
             self.bag_starts + self.ids_per_sample * torch.arange(B, device=ids_Z.device)[:, None]
         ).view(-1)
         bag_Z = F.embedding_bag(ids_Z, self.table.weight, starts_Z, mode="sum", padding_idx=self.pad_row)
-        return bag_Z.view(B, F_ + S, D), items_BS
+        return bag_Z.view(B, F_ + S, D), items_BS, None
+
+    def _bags_once_per_item(
+        self, batch: Batch, pieces: list[torch.Tensor], distinct: Distinct
+    ) -> torch.Tensor:
+        """``_lookup``'s sums, [B, F + S, D], with each distinct item's bag (id and feature rows)
+        summed once and gathered into its slots: a slot's own bag holds only its event's ids
+        (categoricals, gap; none for the target), ``pieces`` the context categoricals' rows."""
+        B, D, L, F_ = batch.target_item.shape[0], self.d_model, self.max_len, self.n_cat
+        S = distinct.inverse_BS.shape[1]
+        w = self.table.weight
+        item_UD = F.embedding_bag(self._item_ids(distinct.items_U), w, mode="sum", padding_idx=self.pad_row)
+        if L and self.event_ids > self.item_ids:
+            pieces = [*pieces, self._event_ids(batch).view(B, -1)]
+        ids_Z = torch.cat(pieces, dim=1).view(-1) if pieces else distinct.items_U.new_zeros(0)
+        starts_Z = self.own_starts + ids_Z.numel() // B * torch.arange(B, device=ids_Z.device)[:, None]
+        own_BUD = F.embedding_bag(ids_Z, w, starts_Z.view(-1), mode="sum").view(B, F_ + S, D)
+        # A zero row past the distinct items: the context slots' share of the gather.
+        item_UD = torch.cat([item_UD, item_UD.new_zeros(1, D)])
+        context_BF = distinct.inverse_BS.new_full((B, F_), item_UD.shape[0] - 1)
+        at_N = torch.cat([context_BF, distinct.inverse_BS], dim=1).flatten()
+        return own_BUD + item_UD.index_select(0, at_N).view(B, F_ + S, D)  # backward: index_add_
+
+    def _item_ids(self, items: torch.Tensor) -> torch.Tensor:
+        """Table rows of each item's bag: its id row, then its feature values' rows, [*items, J]."""
+        ids = self._item_embedding_rows(items).unsqueeze(-1) + self.item_offset
+        if not self.n_item_feats:
+            return ids
+        feats = self.item_feats.index_select(0, items.flatten()).view(*items.shape, self.n_item_feats)
+        return torch.cat([ids, self._rows(feats, self.feat_offsets)], dim=-1)
+
+    def _event_ids(self, batch: Batch) -> torch.Tensor:
+        """Table rows of each history event's own ids (categoricals, time gap), [B, L, C + 1]."""
+        own = [self._hist_cat_ids(batch.hist_cat)] if self.n_hist_cat else []
+        if self.gap_offset >= 0:
+            own.append(batch.hist_gap.unsqueeze(-1) + self.gap_offset)
+        return torch.cat(own, dim=-1) if len(own) > 1 else own[0]
+
+    def _distinct(self, items_BS: torch.Tensor) -> Distinct | None:
+        """The batch's distinct items and each slot's index among them, on the once-per-item path:
+        on CPU, eager (``once_per_item``). A batch's B x S slots name far fewer distinct items
+        (MovieLens, batch 256: about 3,400 of 13,056), so each item's id-and-features sum and its
+        content projection are computed once and gathered per slot; the embedding bags' ids
+        shrink 2.7x (715 a sample to 103, plus 12 per distinct item). Elsewhere None:
+        ``torch.unique`` has a data-dependent size, a device sync on GPU and a dynamic shape for
+        ``torch.compile`` / ``torch.export``."""
+        eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        if not (self.once_per_item and items_BS.device.type == "cpu" and eager):
+            return None
+        items_U, inverse_N = torch.unique(items_BS.flatten(), return_inverse=True)
+        return Distinct(items_U, inverse_N.view(items_BS.shape))
 
     def _hist_cat_ids(self, hist_cat_BLC: torch.Tensor) -> torch.Tensor:
         """Table rows of the history events' categoricals. In training, with ``history_cat_dropout``,
@@ -341,7 +405,7 @@ class FeatureTokenizer(nn.Module):
         return parts + bags, bags_valid_BT
 
     def _item_tokens(
-        self, batch: Batch, items_BSD: torch.Tensor, items_BS: torch.Tensor
+        self, batch: Batch, items_BSD: torch.Tensor, items_BS: torch.Tensor, distinct: Distinct | None
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The history events' and the target's tokens, with each item's content projection added
         to its token or as a token of its own (``content_tokens``), and those content tokens'
@@ -350,7 +414,7 @@ class FeatureTokenizer(nn.Module):
         none_BT = batch.hist_mask.new_ones(B, 0)
         if not self.dims.content_dim:
             return [items_BSD], none_BT
-        c_BSD = self._content(items_BS)
+        c_BSD = self._content(items_BS, distinct)
         if self.content_tokens == "add":
             return [items_BSD + c_BSD], none_BT
         if self.content_tokens == "target":  # events keep theirs added; the target's is a token
@@ -359,27 +423,23 @@ class FeatureTokenizer(nn.Module):
         ones_B1 = batch.hist_mask.new_ones(B, 1)  # "all": every item slot's content is a token
         return [items_BSD[:, :L], c_BSD, items_BSD[:, L:]], torch.cat([batch.hist_mask, ones_B1], dim=1)
 
-    content_once_per_item: bool = True
-    """Project each distinct item's content once per batch on CPU (``_content``); False: once per
-    slot, as on GPU (``bench/bench_throughput.py --per-slot-content`` compares the two)."""
+    once_per_item: bool = True
+    """On CPU, eager: sum each distinct item's id and feature rows and project its content once per
+    batch (``_distinct``); False: once per slot, as on GPU (``bench/bench_throughput.py
+    --per-slot-content`` compares the two)."""
 
-    def _content(self, items_BS: torch.Tensor) -> torch.Tensor:
-        """The projected content of every item slot, [B, S, D].
-
-        On CPU, eager: a batch's B x S slots name far fewer distinct items (MovieLens, batch 256:
-        13,056 slots), so each distinct item's vector is gathered and projected once and the rows
-        are copied out by index; the projection's forward and weight gradient shrink by the same
-        factor. Elsewhere the per-slot gather: ``torch.unique`` has a data-dependent size, a device
-        sync on GPU and a dynamic shape for ``torch.compile`` / ``torch.export``."""
+    def _content(self, items_BS: torch.Tensor, distinct: Distinct | None) -> torch.Tensor:
+        """The projected content of every item slot, [B, S, D]: once per distinct item and copied
+        out by index when the batch has taken that path (``_distinct``: the projection's forward and
+        weight gradient shrink by the same factor), else per slot."""
         w = self.content_proj.weight
         B, S = items_BS.shape
-        flat_N = items_BS.flatten()
-        eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
-        if self.content_once_per_item and items_BS.device.type == "cpu" and eager:
-            unique_U, inverse_N = torch.unique(flat_N, return_inverse=True)
-            c_UD = self.content_proj(self.item_content.index_select(0, unique_U).to(w.dtype))
-            return c_UD.index_select(0, inverse_N).view(B, S, -1)
-        return self.content_proj(self.item_content.index_select(0, flat_N).view(B, S, -1).to(w.dtype))
+        if distinct is not None:
+            c_UD = self.content_proj(self.item_content.index_select(0, distinct.items_U).to(w.dtype))
+            return c_UD.index_select(0, distinct.inverse_BS.flatten()).view(B, S, -1)
+        return self.content_proj(
+            self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
+        )
 
     def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
         return item_id_rows(items_BS, self.dims)
