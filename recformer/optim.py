@@ -351,12 +351,14 @@ def regroup_state(saved: dict, groups: Sequence[dict]) -> tuple[dict, list[int]]
 
 def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
     """LR multiplier at ``step``: linear warmup 0 -> 1 over ``cfg.warmup_steps``, then cosine or
-    linear decay to ``cfg.min_lr_ratio`` at ``total_steps`` (held there after), or constant 1."""
+    linear decay to ``cfg.min_lr_ratio`` over ``cfg.decay_steps`` (0: until ``total_steps``), held
+    there after; or constant 1."""
     if step < cfg.warmup_steps:
         return step / cfg.warmup_steps
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    decay = cfg.decay_steps or total_steps - cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, decay))
     if cfg.schedule == "cosine":
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     if cfg.schedule == "linear":
@@ -372,10 +374,10 @@ def build_scheduler(
     if cfg.schedule not in ("cosine", "linear", "constant"):
         raise ValueError(f"schedule={cfg.schedule!r} is not one of 'cosine', 'linear', 'constant'")
     if cfg.schedule != "constant":
-        if not math.isfinite(total_steps):
+        if not math.isfinite(total_steps) and not cfg.decay_steps:
             raise ValueError(
                 f"schedule={cfg.schedule!r} needs a finite number of training steps; set trainer.max_steps "
-                "(or max_epochs with a sized dataset), or use schedule='constant'"
+                "(or max_epochs with a sized dataset), or model.optim.decay_steps, or use schedule='constant'"
             )
         if total_steps <= cfg.warmup_steps:
             raise ValueError(

@@ -178,6 +178,19 @@ def test_schedule_values():
     assert lr_lambda(5, const, 0) == pytest.approx(0.5) and lr_lambda(1000, const, 0) == 1.0
 
 
+def test_decay_steps_end_the_decay_before_the_run_does():
+    cfg = OptimConfig(warmup_steps=10, schedule="cosine", min_lr_ratio=0.1, decay_steps=40)
+    assert lr_lambda(5, cfg, 1000) == pytest.approx(0.5)  # the warmup is unchanged
+    assert lr_lambda(30, cfg, 1000) == pytest.approx(0.55)  # halfway through the 40 steps
+    assert lr_lambda(50, cfg, 1000) == pytest.approx(0.1) and lr_lambda(900, cfg, 1000) == pytest.approx(0.1)
+    lin = OptimConfig(warmup_steps=0, schedule="linear", min_lr_ratio=0.0, decay_steps=100)
+    assert lr_lambda(25, lin, 10_000) == pytest.approx(0.75)
+    opt = build_optimizer(Toy(), KINDS, cfg)
+    build_scheduler(opt, cfg, total_steps=float("inf"))  # the horizon is the config's: no cap needed
+    with pytest.raises(ValueError, match=r"decay_steps=-1 must be >= 0 \(0 = the whole run\)"):
+        OptimConfig(decay_steps=-1)
+
+
 def test_scheduler_keeps_per_group_multipliers():
     cfg = OptimConfig(lr=1e-2, warmup_steps=4, schedule="cosine")
     opt = build_optimizer(Toy(), KINDS, cfg, hidden_lr_mult=0.5)

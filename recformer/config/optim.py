@@ -55,6 +55,11 @@ class OptimConfig:
     """Decay after warmup."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of lr for cosine / linear decay."""
+    decay_steps: int = 0
+    """Steps of the cosine / linear decay after warmup, the LR held at ``min_lr_ratio`` after them;
+    0: the decay spans the whole run (``trainer.max_epochs`` / ``max_steps``). A run stopped early
+    at epoch 4 of a 20-epoch cap has decayed by a tenth at most; a horizon near the epoch it peaks
+    at anneals it there."""
     grad_clip: float = 1.0
     """Gradient-norm clipping threshold (0 = off)."""
     max_nonfinite_steps: int = 20
@@ -69,6 +74,8 @@ class OptimConfig:
             raise ValueError(f"betas={self.betas} must both be in [0, 1)")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.decay_steps < 0:
+            raise ValueError(f"decay_steps={self.decay_steps} must be >= 0 (0 = the whole run)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if not self.eps > 0:
