@@ -5,6 +5,7 @@ it stands for (``stale``)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from recformer.metric_names import VAL_SCORE
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("auc", "auc_lo", "auc_hi", "gauc", "gauc_groups", "logloss", "ne", "calibration", "rows")
@@ -55,6 +58,16 @@ def best_checkpoint(run_dir: Path) -> Path:
     if len(best) != 1:
         raise RuntimeError(f"expected one best checkpoint in {run_dir / 'checkpoints'}, found {best}")
     return best[0]
+
+
+def validations(run_dir: Path) -> tuple[list[dict], dict]:
+    """The run's validation rows of ``metrics.csv``, in order, and the one its kept checkpoint
+    comes from: the best ``val/auc_gauc`` (``configs/trainer.yaml``'s monitor), or ``val/auc`` in a
+    run from before that metric was logged (its monitor then)."""
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    val = [r for r in rows if r.get("val/auc")]
+    key = VAL_SCORE if all(r.get(VAL_SCORE) for r in val) else "val/auc"
+    return val, max(val, key=lambda r: float(r[key]))
 
 
 def _evaluate_once(ckpt: Path, data_dir: str, out: Path, *extra: str) -> dict:

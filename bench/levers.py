@@ -7,9 +7,10 @@ validation only (the test split is not read):
 
 Each variant is ``recformer fit`` of the file's ``config`` with the variant's extra arguments, at
 one torch thread, up to ``epochs`` epochs with early stopping on validation AUC (patience 2
-validations, configs/trainer.yaml), validated every half epoch. A row gives the best validation
-AUC, the validation GAUC of that same checkpoint, the best GAUC of the run (at whichever
-validation), the epoch of the best AUC and whether the run stopped at the cap. Finished fits are
+validations, configs/trainer.yaml), validated every half epoch. A row gives the validation AUC and
+GAUC of the kept checkpoint (best by their sum since 2026-12-06, by AUC before), the best GAUC of
+the run (at whichever validation), the kept checkpoint's epoch and whether the run stopped at the
+cap. Finished fits are
 kept (``done.json``): a rerun adds what is missing. Results: ``<out>/levers.json``.
 """
 
@@ -47,11 +48,11 @@ def run_variant(spec: dict, name: str, args: list[str], seed: int, out: Path) ->
 
 
 def scores(run_dir: Path, cap: int) -> dict:
-    """Best validation AUC, the GAUC at it, the run's best GAUC, the epoch of the best AUC, and
+    """The kept checkpoint's validation AUC and GAUC (``cli_runs.validations``: best by val AUC +
+    GAUC, or by val AUC in runs from before), the run's best GAUC, the kept checkpoint's epoch, and
     whether training reached the epoch cap (no early stop)."""
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    val = [r for r in rows if r.get("val/auc")]
-    best = max(val, key=lambda r: float(r["val/auc"]))
+    val, best = cli_runs.validations(run_dir)
     last_epoch = max(int(float(r["epoch"])) for r in rows if r.get("epoch"))
     return {
         "val_auc": float(best["val/auc"]),
@@ -66,7 +67,7 @@ def scores(run_dir: Path, cap: int) -> dict:
 
 def table(results: list[dict], names: list[str]) -> str:
     lines = [
-        "| variant | seeds | val AUC | val GAUC (at best AUC) | best val GAUC | peak epoch | hit cap |",
+        "| variant | seeds | val AUC | val GAUC (kept checkpoint) | best val GAUC | peak epoch | hit cap |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in names:

@@ -16,9 +16,10 @@ the grid's ``data_dir`` (``data/movielens`` as ``recformer data movielens`` writ
 - ``tune``: every model gets the same budget, the coordinate search of ``configs/quality/grid.yaml``
   (learning rate, embedding L2 penalty, dropout; ``search``), at seed 0, each run up to ``epochs``
   epochs with early stopping. A point's score is the sum of the grid's ``score`` metrics (validation
-  AUC + GAUC) of its best validation checkpoint (by val/auc, the one kept); the best point is the
-  model's chosen setting, written with every point's validation scores, peak epoch and whether it
-  reached the cap to ``<out>/tuning.json`` and ``chosen.json``. The test split is not read.
+  AUC + GAUC) of its kept checkpoint (best by that sum since 2026-12-06, by val AUC in the search
+  of 2026-12-03); the best point is the model's chosen setting, written with every point's
+  validation scores, peak epoch and whether it reached the cap to ``<out>/tuning.json`` and
+  ``chosen.json``. The test split is not read.
 - ``final``: each chosen setting at every ``--seeds`` seed: the best validation checkpoint's test AUC
   with its DeLong 95% interval, GAUC, logloss (``recformer evaluate``), and the paired DeLong test of
   AUC(transformer) - AUC(baseline) on the same test rows, per seed (``evaluate --compare``).
@@ -130,8 +131,7 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
     with SLOTS:
         run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    val = [r for r in rows if r.get("val/auc")]
-    best = max(val, key=lambda r: float(r["val/auc"]))
+    val, best = cli_runs.validations(run_dir)
     epochs_run = max(int(float(r["epoch"])) for r in rows if r.get("epoch")) + 1
     result = {
         "arch": arch,

@@ -22,6 +22,10 @@ NONFINITE_STEPS = "health/nonfinite_steps"
 TRAIN_LOSS = "train/loss"
 VAL_LOSS = "val/loss"
 
+# The validation score the kept checkpoint is chosen by (configs/trainer.yaml): val/auc + val/gauc,
+# one point of within-user order worth one of overall AUC, as bench/quality.py scores a setting.
+VAL_SCORE = "val/auc_gauc"
+
 # Throughput.
 SAMPLES_PER_S = "perf/samples_per_s"
 TOKENS_PER_S = "perf/tokens_per_s"

@@ -28,7 +28,7 @@ from recformer.batch import Batch
 from recformer.checkpoints import check_features
 from recformer.config import FeatureDims, OptimConfig, RankerConfig
 from recformer.losses import listwise_loss, pairwise_loss, table_l2
-from recformer.metric_names import OOV, TRAIN_LOSS
+from recformer.metric_names import OOV, TRAIN_LOSS, VAL_SCORE
 from recformer.metrics import (
     DEFAULT_AUC_EXACT_MAX_ROWS,
     BinnedAUC,
@@ -184,6 +184,8 @@ class RankerModule(pl.LightningModule):
             for stage, rows in (("train", 0), ("val", auc_exact_max_rows), ("test", auc_exact_max_rows))
         )
         self.val_gauc, self.test_gauc = GroupAUC(), GroupAUC()
+        # val/auc + val/gauc (VAL_SCORE), computed from the two metrics' own states and syncs.
+        self.val_score = self.val_metrics["auc"] + self.val_gauc
         # The eval loss over the whole split, summed across ranks by its metric: Lightning's own
         # epoch mean averages the row count across ranks as an integer, which truncates under DDP.
         self.val_loss, self.test_loss = LogLoss(), LogLoss()
@@ -306,6 +308,8 @@ class RankerModule(pl.LightningModule):
             gauc = self.val_gauc if stage == "val" else self.test_gauc
             gauc.update(logits_B.detach(), batch.label, batch.group, w_B)
             self.log(f"{stage}/gauc", gauc, on_step=False, on_epoch=True, batch_size=len(batch), prog_bar=bar)
+            if stage == "val":
+                self.log(VAL_SCORE, self.val_score, on_step=False, on_epoch=True, batch_size=len(batch))
         return loss
 
     def _auxiliary_loss(self, logits_B: torch.Tensor, batch: Batch) -> torch.Tensor | float:

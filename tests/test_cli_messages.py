@@ -85,7 +85,7 @@ def test_fit_says_how_it_ended_and_predict_where_it_wrote(tiny_data, tmp_path):
     assert fit.returncode == 0, fit.stderr[-3000:]
     said = re.search(
         r"Early stopping: val/auc did not improve in 2 validations; the fit stopped after validation 3 "
-        r"\(epoch 2, step 27\); the model holds the best weights by val/auc \(\d\.\d{4}\): validation 1 "
+        r"\(epoch 2, step 27\); the model holds the best weights by val/auc_gauc \(\d\.\d{4}\): validation 1 "
         r"\(epoch 0, step 9\), (\S+\.ckpt)",
         fit.stdout + fit.stderr,
     )
