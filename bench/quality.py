@@ -56,6 +56,14 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   baselines' runs kept (configs unchanged, checked by ``cli_runs.stale``): test AUC 0.8108 ±
   0.0015, GAUC 0.6676 (0.6680, 0.6625, 0.6723), paired against DIN +0.0005, -0.0029, +0.0038 (all
   across zero), 3,600 samples/s, 2.04x BST (1,762).
+- 2026-12-06, every run retrained twice. At a67b5ea (each distinct item's bag summed once a batch,
+  16-bit element dropout: float sums in a new order) with the checkpoint kept by val AUC: the
+  Transformer's test AUC 0.8089 ± 0.0035, GAUC 0.6685 (seed 2 0.6576, from 0.6723 before: one
+  trajectory's spread); DIN 0.8104 / 0.6592, DeepFM 0.7960 / 0.6721. Then with the checkpoint kept
+  by val AUC + GAUC (the same trajectories): the Transformer 0.8076 ± 0.0044, GAUC 0.6706 (0.6721,
+  0.6723, 0.6673: popularity + 0.02 on every seed, DeepFM + 0.005 on none), paired against DIN
+  -0.0013, -0.0007, -0.0045; 3,634 samples/s, 1.93x BST (1,880). Over the 7 runs whose kept
+  validation moved, test GAUC +0.0012 and AUC -0.0014 on average: a trade, not a gain.
 """
 
 from __future__ import annotations

@@ -122,6 +122,12 @@ def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
     for key in ("val/auc", "val/gauc", "val/logloss", "val/ne", "val/calibration", "train/auc"):
         assert any(r.get(key) for r in rows), key
     assert 0.0 <= float(val[-1]["val/auc"]) <= 1.0
+    # The kept checkpoint is the validation best by val AUC + val GAUC (configs/trainer.yaml).
+    for r in val:
+        assert float(r["val/auc_gauc"]) == pytest.approx(float(r["val/auc"]) + float(r["val/gauc"]), abs=1e-6)
+    kept = max(val, key=lambda r: float(r["val/auc_gauc"]))
+    (ckpt,) = [p for p in (run / "checkpoints").glob("epoch*.ckpt")]
+    assert torch.load(ckpt, weights_only=False)["global_step"] == int(kept["step"]) + 1
     assert any(r.get("train/loss") for r in rows)
     assert [float(r["data/oov/item_id"]) for r in rows if r.get("data/oov/item_id")] == [0.0, 0.0]
     # The model was sized from the data's spec (linked), not from YAML.
@@ -134,11 +140,12 @@ def test_cli_fit_logs_metrics_and_keeps_each_runs_config(tiny_data, tmp_path):
 
 
 class DecliningAUC(pl.Callback):
-    """val/auc falls after the first epoch, so only that one is a new best. Runs before the
-    checkpoint callbacks (Lightning puts those last)."""
+    """val/auc and the kept checkpoint's val/auc_gauc fall after the first epoch, so only that one
+    is a new best. Runs before the checkpoint callbacks (Lightning puts those last)."""
 
     def on_validation_end(self, trainer, pl_module):
-        trainer.callback_metrics["val/auc"] = torch.tensor(0.9 - 0.1 * trainer.current_epoch)
+        for key in ("val/auc", "val/auc_gauc"):
+            trainer.callback_metrics[key] = torch.tensor(0.9 - 0.1 * trainer.current_epoch)
 
 
 def test_last_ckpt_is_the_end_of_training_even_when_the_last_epoch_is_not_the_best(tiny_data, tmp_path):
@@ -603,9 +610,13 @@ def test_two_process_ddp_fit_with_every_default(tmp_path, train_files):
     assert len(runs) == 1  # rank 0 only writes the run directory
     assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))  # W&B's offline run
     ckpts = {p.name for p in (runs[0] / "checkpoints").glob("*.ckpt")}
-    assert "last.ckpt" in ckpts and any(c.startswith("epoch1-") for c in ckpts), ckpts
     rows = read_metrics(runs[0])
     val = [r for r in rows if r.get("val/loss")]
+    # The kept checkpoint is the best val/auc_gauc, the sum of the two metrics synced over ranks.
+    for r in val:
+        assert float(r["val/auc_gauc"]) == pytest.approx(float(r["val/auc"]) + float(r["val/gauc"]), abs=1e-6)
+    kept = max(val, key=lambda r: float(r["val/auc_gauc"]))
+    assert "last.ckpt" in ckpts and any(c.startswith(f"epoch{kept['epoch']}-") for c in ckpts), ckpts
     # The loss is the weighted logloss over all 121 rows (it had been divided by 2 x 60 rows).
     assert len(val) == 2 and all(float(r["val/loss"]) == pytest.approx(float(r["val/logloss"])) for r in val)
     oov = [float(r["data/oov/item_id"]) for r in rows if r.get("data/oov/item_id")]

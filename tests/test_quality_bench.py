@@ -272,3 +272,17 @@ def test_the_presets_stage_writes_each_models_preset_values_on_its_axes(tmp_path
     assert set(chosen["popularity"]) == {"model.optim.lr", "model.optim.embedding_l2"}
     assert chosen["bst"]["model.optim.embedding_l2"] == grid["defaults"]["model.optim.embedding_l2"]
     assert json.loads((tmp_path / "chosen.json").read_text()) == chosen
+
+
+def test_the_kept_validation_is_the_best_auc_plus_gauc_or_auc_in_older_runs(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import cli_runs
+
+    head = "epoch,step,train/loss,val/auc,val/gauc,val/auc_gauc\n"
+    rows = ["0,9,0.7,,,\n", "0,9,,0.80,0.60,1.40\n", "1,19,,0.81,0.58,1.39\n", "2,29,,0.79,0.62,1.41\n"]
+    (tmp_path / "metrics.csv").write_text(head + "".join(rows))
+    val, kept = cli_runs.validations(tmp_path)
+    assert len(val) == 3 and (kept["epoch"], kept["val/auc"]) == ("2", "0.79")
+    older = "epoch,step,val/auc,val/gauc\n0,9,0.80,0.60\n1,19,0.81,0.58\n"  # before val/auc_gauc
+    (tmp_path / "metrics.csv").write_text(older)
+    assert cli_runs.validations(tmp_path)[1]["val/auc"] == "0.81"
