@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -134,3 +135,25 @@ def write_tiny_data(root: Path, train_files=(300, 170, 45), val_rows=120, test_r
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     return write_tiny_data(tmp_path_factory.mktemp("tiny") / "data")
+
+
+@pytest.fixture(autouse=True)
+def _no_run_folder_in_the_working_tree(request):
+    """A test that fits, validates or predicts must write its run folder under its own tmp path:
+    the loggers' ``save_dir`` (``runs``) is relative to the working directory, and a folder left in
+    the checkout's ``runs/recformer`` is what ``make demo`` then takes for its newest run."""
+    runs = Path.cwd() / "runs" / "recformer"
+    before = set(runs.glob("version_*"))
+    yield
+    # Only this process's folders (its pid in the writer lock): a demo run beside the tests is not one.
+    ours = [p for p in set(runs.glob("version_*")) - before if _writer_pid(p) == os.getpid()]
+    assert not ours, (
+        f"{request.node.nodeid} wrote {sorted(p.name for p in ours)} into {runs}: chdir to tmp_path first"
+    )
+
+
+def _writer_pid(run: Path) -> int | None:
+    try:
+        return int(json.loads((run / ".writer.lock").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

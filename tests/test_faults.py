@@ -558,8 +558,10 @@ def test_a_model_setting_a_checkpoint_contradicts_is_refused(reference, trained,
     assert "--model.ranker.d_model=32 (the checkpoint's: 16)" in line and "drop them" in line, line
 
 
-def test_a_runtime_setting_given_with_a_checkpoint_applies(reference, trained, tmp_path):
+def test_a_runtime_setting_given_with_a_checkpoint_applies(reference, trained, tmp_path, monkeypatch):
     from recformer.cli import cli_main
+
+    monkeypatch.chdir(tmp_path)  # the loggers write runs/ under the working directory, not the repo
 
     args = ["validate", TINY, f"--data.data_dir={reference[0]}", "--trainer.accelerator=cpu"]
     args += [
@@ -582,7 +584,8 @@ def test_evaluate_refuses_to_replace_a_file(reference, trained, tmp_path, capsys
     assert json.loads(out.read_text())["rows"] == 90
 
 
-def test_predict_refuses_to_replace_a_file(reference, trained, tmp_path, capsys):
+def test_predict_refuses_to_replace_a_file(reference, trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a refused predict must leave no run folder in the repo either
     out = tmp_path / "keep.parquet"
     pq.write_table(pa.table({"x": np.arange(10_000)}), out)
     args = ["predict", TINY, f"--data.data_dir={reference[0]}", "--trainer.accelerator=cpu"]
