@@ -111,7 +111,7 @@ class RankerConfig:
     dropout_mask: Literal["element", "feature"] = "element"
     """The residual branches' dropout mask: ``element``, one draw per element (the usual
     dropout); ``feature``, one per sample and feature, shared by every token (variational dropout;
-    ``recformer/model/dropout.py``): T times fewer random draws, most of dropout's cost on CPU."""
+    ``recformer/model/dropout.py``): T times fewer random draws, but a different regulariser."""
     attention_dropout: float | None = None
     """Dropout on the attention weights; None: ``dropout``. On CPU any attention dropout sends SDPA
     from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
