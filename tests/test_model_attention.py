@@ -63,11 +63,17 @@ def _setup(qk: str, kind: str, mup: bool, seed: int = 0):
     return attn, x, valid, scale
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("mup", [False, True])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("qk", ["none", "head", "full"])
-def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, mup: bool) -> None:
+def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, mup: bool, fused: bool):
+    """Both ways of projecting q, k and v: three matmuls (CPU, eager, with QK-Norm) and the fused
+    one (elsewhere)."""
     attn, x, valid, scale = _setup(qk, kind, mup)
+    assert attn._separate_projections(x) == (qk != "none")  # CPU, eager: separate when QK-Norm is on
+    if fused:
+        attn._separate_projections = lambda x_BTD: False
     assert attn.scale == pytest.approx(scale)
     out = attn(x, valid[:, None, None, :])
     want, _, _ = reference_attention(attn, x, valid, qk, kind, scale)
@@ -79,6 +85,37 @@ def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, m
     want_grads = torch.autograd.grad((want * g).sum(), params)
     for got, exp in zip(grads, want_grads):
         torch.testing.assert_close(got, exp, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("keep", [slice(0, 2), slice(-2, None), slice(1, 6, 2)])
+@pytest.mark.parametrize("qk", ["head", "full"])
+def test_separate_and_fused_projections_agree_on_the_kept_queries(qk: str, keep: slice) -> None:
+    """With ``keep`` (the last block's queries) the three matmuls give the fused path's update and
+    gradients, and both equal the rows ``keep`` selects of the full update."""
+    attn, x, valid, _ = _setup(qk, "layer", mup=False, seed=2)
+    attend = valid[:, None, None, :]
+    g = torch.randn_like(x[:, keep])
+    params = [x] + list(attn.parameters())
+    got = {}
+    for fused in (False, True):
+        attn._separate_projections = lambda x_BTD, fused=fused: not fused
+        out = attn(x, attend, keep)
+        got[fused] = (out, torch.autograd.grad((out * g).sum(), params))
+        torch.testing.assert_close(out, attn(x, attend)[:, keep], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(got[False][0], got[True][0], rtol=1e-9, atol=1e-10)
+    for a, b in zip(got[False][1], got[True][1]):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_the_fused_projection_serves_compile_and_export(monkeypatch) -> None:
+    """Under ``torch.compile`` or ``torch.export`` (and on GPU) q, k and v come from one matmul."""
+    attn, x, _, _ = _setup("head", "layer", mup=False)
+    assert attn._separate_projections(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not attn._separate_projections(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert not attn._separate_projections(x)
 
 
 @pytest.mark.parametrize("qk", ["none", "head"])

@@ -59,7 +59,7 @@ class Attention(nn.Module):
             None if cfg.qk_norm == "none" else QKNorm(cfg.qk_norm, cfg.norm, cfg.d_model, cfg.d_head)
         )
         self.scale = attention_scale(cfg)
-        self.dropout = cfg.dropout  # on the output (the residual branch)
+        self.dropout = cfg.dropout if cfg.dropout_branches == "both" else 0.0  # on the output (the branch)
         self.dropout_mask = cfg.dropout_mask
         self.attention_dropout = cfg.attention_dropout_p  # on the weights
 
@@ -94,6 +94,45 @@ class Attention(nn.Module):
         self, x_BTD: torch.Tensor, keep: slice | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (of the ``keep`` rows, or all), keys and values, QK-normalised, as [B, N, *, H]."""
+        if self._separate_projections(x_BTD):
+            q_BQNH, k_BTNH, v_BTNH = self._project_separately(x_BTD, keep)
+        else:
+            q_BQNH, k_BTNH, v_BTNH = self._project_fused(x_BTD, keep)
+        return tuple(t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
+
+    def _separate_projections(self, x_BTD: torch.Tensor) -> bool:
+        """Whether q, k and v come from three matmuls (the rows of ``qkv``) rather than one.
+
+        With QK-Norm, on CPU, eager: the norm's kernel needs contiguous rows, so a q or k sliced out
+        of the fused [B, T, 3D] output is copied before the norm, and again in its backward, and the
+        three gradients are stacked into one [B, T, 3D] for the fused matmul's backward. Three
+        matmuls give contiguous q, k and v and take their gradients as they come: the default's
+        training step runs 1.04x as fast on 2 CPU threads (``bench/bench_throughput.py``,
+        2026-12-06); without QK-Norm (BST) the fused matmul is as fast. Elsewhere (GPU, compile,
+        export) the fused one, whose copies a compiled graph fuses."""
+        if self.qk_norm is None or self.qkv_specific is not None or x_BTD.device.type != "cpu":
+            return False
+        return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+
+    def _project_separately(
+        self, x_BTD: torch.Tensor, keep: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, *, N, H] from the q, k and v rows of ``qkv`` one at a time, QK-normalised."""
+        B, T, D = x_BTD.shape
+        N, H = self.n_heads, self.d_head
+        w_q, w_k, w_v = self.qkv.weight.split(D, dim=0)
+        q_BQD = F.linear(x_BTD if keep is None else x_BTD[:, keep], w_q)
+        k_BTD, v_BTD = F.linear(x_BTD, w_k), F.linear(x_BTD, w_v)
+        if self.qk_norm.mode == "full":  # QK-Norm over the full width (OLMo 2)
+            q_BQD, k_BTD = self.qk_norm.q_norm(q_BQD), self.qk_norm.k_norm(k_BTD)
+            return q_BQD.view(B, -1, N, H), k_BTD.view(B, T, N, H), v_BTD.view(B, T, N, H)
+        q_BQNH = self.qk_norm.q_norm(q_BQD.view(B, -1, N, H))  # QK-Norm per head
+        return q_BQNH, self.qk_norm.k_norm(k_BTD.view(B, T, N, H)), v_BTD.view(B, T, N, H)
+
+    def _project_fused(
+        self, x_BTD: torch.Tensor, keep: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, *, N, H] from one fused matmul (two with ``keep``), QK-normalised."""
         B, T, D = x_BTD.shape
         N, H = self.n_heads, self.d_head
         full_qk = self.qk_norm is not None and self.qk_norm.mode == "full"
@@ -117,12 +156,11 @@ class Attention(nn.Module):
         if full_qk:
             q_BQD = self.qk_norm.q_norm(q_BQD)  # QK-Norm over the full width (OLMo 2)
             k_BTD = self.qk_norm.k_norm(k_BTD)
-            q_BQNH = q_BQD.view(B, -1, N, H)
-            k_BTNH, v_BTNH = k_BTD.view(B, T, N, H), v_BTD.view(B, T, N, H)
-        elif self.qk_norm is not None:
+            return q_BQD.view(B, -1, N, H), k_BTD.view(B, T, N, H), v_BTD.view(B, T, N, H)
+        if self.qk_norm is not None:
             q_BQNH = self.qk_norm.q_norm(q_BQNH)  # QK-Norm per head: bounds the logits
             k_BTNH = self.qk_norm.k_norm(k_BTNH)
-        return tuple(t.transpose(1, 2) for t in (q_BQNH, k_BTNH, v_BTNH))
+        return q_BQNH, k_BTNH, v_BTNH
 
     def _output(self, o_BNQH: torch.Tensor, keep: slice | None) -> torch.Tensor:
         B, _, Q, _ = o_BNQH.shape
