@@ -43,6 +43,9 @@ OPTIONS = {
     "4 heads, MLP 4x": {"ranker": {"n_heads": 4, "mlp_ratio": 4.0}},
     "dropout 0.2": {"ranker": {"dropout": 0.2}},
     "dropout 0.2, none on attention": {"ranker": {"dropout": 0.2, "attention_dropout": 0.0}},
+    "dropout 0.2 on the MLP branch, none on attention": {
+        "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_branches": "mlp"}
+    },
     "dropout 0.2 per feature, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_mask": "feature"}
     },
@@ -52,9 +55,9 @@ OPTIONS = {
 """Options measured against the Transformer's own settings (name: the model settings they change,
 ``ranker`` for the ranker config): the token options, the FM crosses, the cross network (with its
 own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml`` had until
-2026-12-02, dropout with and without its share on the attention weights (and with one mask per
-sample and feature, ``dropout_mask: feature``), and a DNN beside the cross layers (DCN-V2's
-3 x 400, and a smaller one)."""
+2026-12-02, dropout with and without its share on the attention weights (on the MLP branch alone,
+``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``), and a
+DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -112,6 +112,9 @@ class RankerConfig:
     """The residual branches' dropout mask: ``element``, one draw per element (the usual
     dropout); ``feature``, one per sample and feature, shared by every token (variational dropout;
     ``recformer/model/dropout.py``): T times fewer random draws, but a different regulariser."""
+    dropout_branches: Literal["both", "mlp"] = "both"
+    """Which residual branches ``dropout`` applies to: ``both`` (the attention and MLP outputs) or
+    ``mlp`` (the MLP's alone: half the masks at the first block's full width)."""
     attention_dropout: float | None = None
     """Dropout on the attention weights; None: ``dropout``. On CPU any attention dropout sends SDPA
     from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
@@ -159,6 +162,8 @@ class RankerConfig:
                 raise ValueError(f"{name}={value} must be in [0, 1)")
         if self.dropout_mask not in ("element", "feature"):
             raise ValueError(f"dropout_mask={self.dropout_mask!r}; expected 'element' or 'feature'")
+        if self.dropout_branches not in ("both", "mlp"):
+            raise ValueError(f"dropout_branches={self.dropout_branches!r}; expected 'both' or 'mlp'")
         if self.cross_hidden and (self.cross_layers < 1 or self.head_fields):
             raise ValueError(
                 f"cross_hidden={self.cross_hidden} is the DNN beside the cross layers before their own "
