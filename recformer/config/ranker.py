@@ -194,6 +194,10 @@ class RankerConfig:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")
         if self.base_d_model < 1:
             raise ValueError(f"base_d_model={self.base_d_model} must be >= 1")
+        self._check_head()
+
+    def _check_head(self) -> None:
+        """The head's and the cross network's settings (``__post_init__``'s last checks)."""
         if self.mup and self.head_hidden != 0:
             raise ValueError(
                 f"mup=True with head_hidden={self.head_hidden}: muP needs the head width to scale with "
