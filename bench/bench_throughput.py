@@ -46,6 +46,10 @@ OPTIONS = {
     "dropout 0.2 on the MLP branch, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_branches": "mlp"}
     },
+    "no QK-Norm": {"ranker": {"qk_norm": "none"}},
+    "no QK-Norm, dropout 0.2, none on attention": {
+        "ranker": {"qk_norm": "none", "dropout": 0.2, "attention_dropout": 0.0}
+    },
     "dropout 0.2 per feature, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_mask": "feature"}
     },
@@ -56,8 +60,8 @@ OPTIONS = {
 ``ranker`` for the ranker config): the token options, the FM crosses, the cross network (with its
 own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml`` had until
 2026-12-02, dropout with and without its share on the attention weights (on the MLP branch alone,
-``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``), and a
-DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one)."""
+``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``; without
+QK-Norm), and a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
