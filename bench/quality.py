@@ -70,6 +70,12 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   0.6635 (0.6702, 0.6619, 0.6583: one trajectory's spread again), paired against DIN +0.0008,
   -0.0020, -0.0015; BST 0.8017 / 0.6257; 3,470 samples/s, 1.93x BST (1,796) with 100 timed steps,
   1.96x-2.11x in other side-by-side runs of the day.
+- 2026-12-06 late, every run retrained a fourth time, with the branch loss at weight 0.5 (passed the
+  rule, docs/levers.md) and on another machine (AMD EPYC, AVX512), where DIN and popularity came out
+  identical and DeepFM, DCN-V2, BST and the Transformer did not: the Transformer val 0.8099 /
+  0.6674, test AUC 0.8083 ± 0.0013, GAUC 0.6683 (0.6713, 0.6672, 0.6665: popularity + 0.02 on
+  every seed, the best baseline + 0.005 on none), paired against DIN -0.0004, -0.0034, -0.0004;
+  3,139 samples/s, 1.97x BST (1,597); 2.04x in a rerun right after.
 """
 
 from __future__ import annotations
