@@ -47,6 +47,7 @@ OPTIONS = {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_branches": "mlp"}
     },
     "no QK-Norm": {"ranker": {"qk_norm": "none"}},
+    "no rating dropout": {"ranker": {"history_cat_dropout": 0.0}},
     "no QK-Norm, dropout 0.2, none on attention": {
         "ranker": {"qk_norm": "none", "dropout": 0.2, "attention_dropout": 0.0}
     },

@@ -76,6 +76,10 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   0.6674, test AUC 0.8083 ± 0.0013, GAUC 0.6683 (0.6713, 0.6672, 0.6665: popularity + 0.02 on
   every seed, the best baseline + 0.005 on none), paired against DIN -0.0004, -0.0034, -0.0004;
   3,139 samples/s, 1.97x BST (1,597); 2.04x in a rerun right after.
+- 2026-12-06 late, the Transformer retrained once more with the rating dropout (history_cat_dropout
+  0.25, passed the rule on validation), the fourth rerun's baselines kept: val 0.8091 / 0.6712, test
+  AUC 0.8062 ± 0.0042, GAUC 0.6685 (0.6692, 0.6717, 0.6647), paired against DIN -0.0008, -0.0040,
+  -0.0058; 2,728 samples/s, 1.85x BST (1,471) in a slow run, 1.98x in a rerun right after.
 """
 
 from __future__ import annotations
