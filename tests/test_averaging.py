@@ -131,3 +131,20 @@ def test_the_default_trainer_config_averages_the_latest_six_validations_last_in_
     (entry,) = [c for c in callbacks if c["class_path"] == path]
     assert entry["init_args"] == {"window": 6}
     assert callbacks[-1] is entry  # so that --trainer.callbacks.window=N sets it
+
+
+def test_validate_test_and_predict_from_a_checkpoint_score_its_mean(tiny_data, tmp_path):
+    """Lightning hands a checkpoint to the callbacks for every stage: only a resumed fit takes the
+    raw weights; ``validate``, ``test`` and ``predict`` with ``ckpt_path`` score the kept mean (as
+    ``recformer evaluate``, export and serving do)."""
+    dm = _dm(tiny_data)
+    last = ModelCheckpoint(dirpath=tmp_path / "ck", filename="last")
+    _trainer(tmp_path, [LatestWeightAverage(window=2), last], max_epochs=2).fit(_module(dm), dm)
+    saved = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)
+    assert RAW_KEY in saved
+    for stage in ("validate", "test", "predict"):
+        module = _module(dm)
+        trainer = _trainer(tmp_path / stage, [LatestWeightAverage(window=2)])
+        getattr(trainer, stage)(module, _dm(tiny_data), ckpt_path=tmp_path / "ck" / "last.ckpt")
+        for name, value in module.state_dict().items():
+            assert torch.equal(value, saved["state_dict"][name]), (stage, name)

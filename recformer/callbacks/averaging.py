@@ -91,9 +91,10 @@ class LatestWeightAverage(Callback):
         checkpoint[RAW_KEY] = raw
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """Resume from the training weights, not the mean (the module was loaded from
-        ``state_dict`` before this runs)."""
-        if RAW_KEY in checkpoint:
+        """A resumed fit trains on from the training weights, not the mean (the module was loaded
+        from ``state_dict`` before this runs). Lightning calls this for ``validate``, ``test`` and
+        ``predict`` with a ``ckpt_path`` too: those score the checkpoint's mean, as evaluate does."""
+        if RAW_KEY in checkpoint and trainer.state.fn == "fit":
             pl_module.load_state_dict(checkpoint[RAW_KEY])
 
     def state_dict(self) -> dict[str, Any]:
