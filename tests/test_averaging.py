@@ -12,13 +12,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from recformer.callbacks.averaging import RAW_KEY, LatestWeightAverage
 from recformer.callbacks.best import RestoreBest
-from recformer.config import OptimConfig
 from recformer.data.datamodule import RecDataModule
 from recformer.module import RankerModule
-from tests.test_module import KillAt, Killed
+from tests.test_module import KillAt, Killed, _module
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(d_model=16, n_layers=2, n_heads=2)
 
 
 def _params(module: pl.LightningModule) -> dict[str, torch.Tensor]:
@@ -45,11 +43,6 @@ class Watch(pl.Callback):
 
 def _dm(data: Path) -> RecDataModule:
     return RecDataModule(str(data), batch_size=64, num_workers=0, validate="footer")
-
-
-def _module(dm: RecDataModule) -> RankerModule:
-    pl.seed_everything(0)
-    return RankerModule(ranker=TINY, optim=OptimConfig(warmup_steps=3), dims=dm.feature_dims)
 
 
 def _trainer(root: Path, callbacks: list, **kw) -> pl.Trainer:

@@ -86,8 +86,7 @@ class LatestWeightAverage(Callback):
             return
         names = [name for name, _ in pl_module.named_parameters()]
         raw = dict(checkpoint["state_dict"])
-        for name, tensor in zip(names, self._raw):
-            raw[name] = tensor.detach().clone()
+        raw.update(zip(names, self._raw))  # already private copies: nothing else writes them
         checkpoint[RAW_KEY] = raw
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
