@@ -158,6 +158,11 @@ def fit(arch: str, grid: dict, setting: dict[str, object], seed: int, out: Path)
         return done
     with SLOTS:
         run_dir, seconds = cli_runs.fit(configs, args, out / "runs", name, threads=1)
+    return record_fit(arch, grid, setting, seed, run_dir, seconds)
+
+
+def record_fit(arch: str, grid: dict, setting: dict, seed: int, run_dir: Path, seconds: float) -> dict:
+    """A finished fit's ``done.json`` (``fit``'s result), written into ``run_dir``."""
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     val, best = cli_runs.validations(run_dir)
     epochs_run = max(int(float(r["epoch"])) for r in rows if r.get("epoch")) + 1
@@ -317,9 +322,11 @@ def _choose(grid: dict, arch: str, ranked: list[dict], found: dict) -> dict:
     return next(r for r in ranked if all(r["setting"].get(k) == v for k, v in where.items()))
 
 
-def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) -> dict[str, dict]:
-    """Print every model's points (best first) and merge them into tuning.json, the choices into
-    chosen.json; the chosen points."""
+def _record(
+    grid: dict, archs: list[str], found: dict[str, tuple], out: Path, replace: bool = True
+) -> dict[str, dict]:
+    """Print every model's points (best first) and merge them into tuning.json (in place of the
+    archs' old rows, unless not ``replace``), the choices into chosen.json; the chosen points."""
     results = [r for a in archs for r in found[a][1]]
     chosen = {}
     for arch in archs:
@@ -332,7 +339,7 @@ def _record(grid: dict, archs: list[str], found: dict[str, tuple], out: Path) ->
                 f"best at epoch {r['best_epoch']} (validation {r['best_validation']}/{r['validations']})"
                 f"{'  HIT THE CAP' if r['hit_cap'] else ''}  ({r['fit_seconds']:.0f} s)"
             )
-    _merge(out / "tuning.json", results, replace=archs)
+    _merge(out / "tuning.json", results, replace=archs if replace else [])
     _merge_dict(out / "chosen.json", {a: r["setting"] for a, r in chosen.items()})
     return chosen
 

@@ -286,3 +286,26 @@ def test_the_kept_validation_is_the_best_auc_plus_gauc_or_auc_in_older_runs(tmp_
     older = "epoch,step,val/auc,val/gauc\n0,9,0.80,0.60\n1,19,0.81,0.58\n"  # before val/auc_gauc
     (tmp_path / "metrics.csv").write_text(older)
     assert cli_runs.validations(tmp_path)[1]["val/auc"] == "0.81"
+
+
+def test_the_rate_refinement_climbs_the_1_2_5_ladder_until_its_best_is_inside(tmp_path, monkeypatch):
+    """bench/quality_refine.py: the chosen rate's two neighbours, then one rung further while the
+    best is on an edge; the other settings held; a chosen rate that stays best costs two fits."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its siblings quality and cli_runs
+    r = load_bench("quality_refine")
+    grid = yaml.safe_load((ROOT / "configs/quality/grid.yaml").read_text())
+    lr, l2, dr = "model.optim.lr", "model.optim.embedding_l2", "model.ranker.dropout"
+    start = {lr: 1e-3, l2: 1e-3, dr: 0.1}
+    fit, calls = _fake_fit({lr: 2e-2, l2: 1e-3, dr: 0.1})
+    monkeypatch.setattr(r.quality, "fit", fit)
+    best, points = r.refine(grid, "deepfm", start, tmp_path)
+    assert best == {lr: 0.02, l2: 1e-3, dr: 0.1}
+    assert [c[lr] for c in calls] == [5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05]
+    assert all(c[l2] == 1e-3 and c[dr] == 0.1 for c in calls) and len(points) == len(calls)
+    calls.clear()
+    monkeypatch.setattr(r.quality, "fit", _fake_fit({lr: 1e-3})[0])
+    best, points = r.refine(grid, "deepfm", start, tmp_path)
+    assert best == start and sorted(p["setting"][lr] for p in points) == [5e-4, 1e-3, 2e-3]
+    assert r.rung(3e-3, 1) == 5e-3 and r.rung(1e-2, -1) == 5e-3  # 3e-3's nearest rung is 2e-3

@@ -1,0 +1,83 @@
+"""The learning rate of every model's chosen point, refined on a finer ladder at seed 0:
+
+    python bench/quality_refine.py                       # every model of configs/quality/grid.yaml
+    python bench/quality_refine.py --archs din deepfm    # some of them
+
+bench/quality.py's search steps the learning rate on a 1, 3, 10 ladder. After a change that moves
+every model's training at once (the latest weight averaging of configs/trainer.yaml, 2026-12-06),
+each model's chosen rate gets the same extra budget here: its neighbours on the 1, 2, 5 ladder
+(1e-3 -> 5e-4 and 2e-3), everything else as chosen, each a ``recformer fit`` at seed 0 scored by the
+grid's ``score`` (validation AUC + GAUC of the kept checkpoint); while the best sits on an edge the
+next rung beyond it is tried. The best point becomes the model's choice in ``chosen.json`` (with the
+grid's ``choose_where``, as the search chooses) and every point joins ``tuning.json``; the test
+split is not read. The chosen point's own seed-0 fit is ``--stage final``'s, reused when its config
+still matches (``cli_runs.stale``). Write a new choice into the model's preset by hand, as for the
+search, so ``--stage presets`` gives it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import threading
+from pathlib import Path
+
+import quality
+
+KEY = "model.optim.lr"
+RUNGS = (1.0, 2.0, 5.0)
+"""The ladder's values per decade: each rung about a factor 2-2.5 from the next."""
+
+
+def rung(value: float, steps: int) -> float:
+    """The value ``steps`` rungs of the 1, 2, 5 ladder above (below, when negative) the rung
+    nearest ``value`` on a log scale."""
+    decade = math.floor(math.log10(value))
+    ladder = [m * 10.0**d for d in range(decade - 3, decade + 4) for m in RUNGS]
+    i = min(range(len(ladder)), key=lambda j: abs(math.log10(ladder[j] / value)))
+    return float(f"{ladder[i + steps]:.3g}")
+
+
+def refine(grid: dict, arch: str, start: dict, out: Path) -> tuple[dict, list[dict]]:
+    """``arch``'s points around ``start`` (its chosen setting): ``start`` and its rate's two
+    neighbours, then one rung further while the best is the lowest or highest rate tried. Returns
+    the best setting and every point."""
+    rates = [rung(start[KEY], -1), start[KEY], rung(start[KEY], 1)]
+    tried: dict[float, dict] = {}
+    while True:
+        todo = [r for r in rates if r not in tried]
+        calls = [(quality.fit, arch, grid, {**start, KEY: r}, 0, out) for r in todo]
+        tried |= dict(zip(todo, quality.parallel(len(calls), calls)))
+        best = max(tried.values(), key=lambda r: quality.score(grid, r))
+        low, high = min(tried), max(tried)
+        edge = best["setting"][KEY]
+        if edge not in (low, high) or edge == start[KEY]:
+            return best["setting"], list(tried.values())
+        rates = [rung(edge, -1 if edge == low else 1)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grid", type=Path, default=quality.ROOT / "configs" / "quality" / "grid.yaml")
+    p.add_argument("--archs", nargs="+", default=None, help="models of the grid (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="fits at a time, one torch thread each")
+    p.add_argument("--out", type=Path, default=quality.ROOT / "bench" / "out" / "quality")
+    a = p.parse_args()
+    quality.SLOTS = threading.BoundedSemaphore(a.jobs)
+    grid = quality.load_grid(a.grid)
+    archs = a.archs or list(grid["models"])
+    path = a.out / "chosen.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no chosen settings; run bench/quality.py --stage presets first")
+    chosen = json.loads(path.read_text())
+    missing = [arch for arch in archs if arch not in chosen]
+    if missing:
+        raise SystemExit(f"{path}: no chosen setting for {missing}; run --stage presets for them")
+    calls = [(refine, grid, arch, chosen[arch], a.out) for arch in archs]
+    found = dict(zip(archs, quality.parallel(len(archs), calls)))
+    quality._record(grid, archs, found, a.out, replace=False)
+
+
+if __name__ == "__main__":
+    main()
