@@ -123,11 +123,19 @@ def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
             item = {"class_path": value} if isinstance(value, str) else value
             found = [c for c in have.get(key[:-1]) or [] if c.get("class_path") == item["class_path"]]
             ok = any(item.get("init_args", {}).items() <= c.get("init_args", {}).items() for c in found)
+        elif key.startswith("trainer.callbacks.") and "trainer.callbacks" in have:
+            ok = _last_callback_has(have["trainer.callbacks"], key.rsplit(".", 1)[1], value)
         else:
             ok = have[key] == value if key in have else _default(key) == value
         if not ok:
             differ.append(f"{key}: {value!r}, the run {have.get(key, 'unset')!r}")
     return differ
+
+
+def _last_callback_has(callbacks: list[dict], name: str, value: object) -> bool:
+    """Whether the last of a run's callbacks has argument ``name`` at ``value``: what
+    ``--trainer.callbacks.NAME=V`` sets (jsonargparse gives it to the last callback in the list)."""
+    return bool(callbacks) and (callbacks[-1].get("init_args") or {}).get(name) == value
 
 
 def _default(key: str) -> object:

@@ -232,6 +232,9 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
     same.append("--model.ranker.cross_hidden=[]")  # a list option: its default comes from a factory
     assert q.cli_runs.stale(run, [str(data_config)], same) == []
     assert q.cli_runs.stale(run, [str(data_config)], [*args, callback.replace("0.9", "0.5")]) != []
+    # --trainer.callbacks.NAME=V sets the last callback's argument (jsonargparse's rule).
+    assert q.cli_runs.stale(run, [str(data_config)], [*args, "--trainer.callbacks.other=1"]) == []
+    assert q.cli_runs.stale(run, [str(data_config)], [*args, "--trainer.callbacks.other=2"]) != []
     with pytest.raises(AssertionError, match="rerun"):
         q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path)
     aside = tmp_path / "runs" / f"{name}.stale-1"
