@@ -106,10 +106,10 @@ def test_quality_search_walks_each_axis_and_extends_an_edge(tmp_path, monkeypatc
     # lr's best 3e-3 is the grid's top: 1e-2, then 3e-2 (the max) are added; the penalty's best
     # 1e-2 is inside; dropout's peak 0.1 (on a log distance, so 0.1 beats 0 and 0.2).
     assert chosen == {"model.optim.lr": 0.03, "model.optim.embedding_l2": 0.01, "model.ranker.dropout": 0.1}
-    lrs = sorted({c["model.optim.lr"] for c in calls})
-    assert lrs == [3e-4, 1e-3, 3e-3, 0.01, 0.03]
-    assert len(tried) == len({json.dumps(c, sort_keys=True) for c in calls})
     preset = yaml.safe_load((ROOT / "configs/model/deepfm.yaml").read_text())["model"]
+    lrs = sorted({c["model.optim.lr"] for c in calls})  # the grid's, its extensions, the preset's own
+    assert lrs == sorted({3e-4, 1e-3, 3e-3, 0.01, 0.03, preset["optim"]["lr"]})
+    assert len(tried) == len({json.dumps(c, sort_keys=True) for c in calls})
     start = calls[0]  # the preset's own penalty and dropout, whatever they were tuned to
     assert start["model.optim.embedding_l2"] == preset["optim"]["embedding_l2"]
     assert start["model.ranker.dropout"] == preset["ranker"]["dropout"]
