@@ -289,7 +289,7 @@ def parallel(jobs: int, calls: list[tuple]) -> list[dict]:
 def tune(grid: dict, archs: list[str], out: Path, jobs: int) -> dict[str, dict]:
     """Every model's coordinate search (``search``) at once, sharing ``jobs`` fit slots."""
     found = dict(zip(archs, parallel(len(archs), [(search, grid, a, out) for a in archs])))
-    return _record(grid, archs, found, out)
+    return record_points(grid, archs, found, out)
 
 
 def tune_joint(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
@@ -304,7 +304,7 @@ def tune_joint(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
         tried = {json.dumps(r["setting"], sort_keys=True): r for r in mine}
         return joint(grid, arch, axes, chosen[arch], tried, out), list(tried.values())
 
-    return _record(grid, archs, dict(zip(archs, parallel(len(archs), [(one, a) for a in archs]))), out)
+    return record_points(grid, archs, dict(zip(archs, parallel(len(archs), [(one, a) for a in archs]))), out)
 
 
 def from_presets(grid: dict, archs: list[str], out: Path) -> dict[str, dict]:
@@ -330,7 +330,7 @@ def _choose(grid: dict, arch: str, ranked: list[dict], found: dict) -> dict:
     return next(r for r in ranked if all(r["setting"].get(k) == v for k, v in where.items()))
 
 
-def _record(
+def record_points(
     grid: dict, archs: list[str], found: dict[str, tuple], out: Path, replace: bool = True
 ) -> dict[str, dict]:
     """Print every model's points (best first) and merge them into tuning.json (in place of the

@@ -52,7 +52,7 @@ def refine(grid: dict, arch: str, start: dict, out: Path) -> tuple[dict, list[di
         best = max(tried.values(), key=lambda r: quality.score(grid, r))
         low, high = min(tried), max(tried)
         edge = best["setting"][KEY]
-        if edge not in (low, high) or edge == start[KEY]:
+        if edge not in (low, high):  # inside (start's own neighbours are always tried)
             return best["setting"], list(tried.values())
         rates = [rung(edge, -1 if edge == low else 1)]
 
@@ -76,7 +76,7 @@ def main() -> None:
         raise SystemExit(f"{path}: no chosen setting for {missing}; run --stage presets for them")
     calls = [(refine, grid, arch, chosen[arch], a.out) for arch in archs]
     found = dict(zip(archs, quality.parallel(len(archs), calls)))
-    quality._record(grid, archs, found, a.out, replace=False)
+    quality.record_points(grid, archs, found, a.out, replace=False)
 
 
 if __name__ == "__main__":
