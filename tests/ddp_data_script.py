@@ -1,5 +1,5 @@
 """Run by test_data_lightning: 2-process CPU DDP (gloo) over uneven files; writes rows seen and the
-OOV report per rank. ``python ddp_data_script.py DATA OUT [footer|full]``."""
+OOV report per rank. ``python ddp_data_script.py DATA OUT [footer|full] [EPOCHS]``."""
 
 import json
 import sys
@@ -32,13 +32,14 @@ class Recorder(pl.LightningModule):
 if __name__ == "__main__":
     data, out = sys.argv[1], sys.argv[2]
     validate = sys.argv[3] if len(sys.argv) > 3 else "footer"
+    epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     model = Recorder()
     dm = RecDataModule(data, batch_size=32, num_workers=1, validate=validate)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        max_epochs=2,
+        max_epochs=epochs,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

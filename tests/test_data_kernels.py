@@ -376,6 +376,68 @@ def test_abandoning_an_epoch_stops_a_busy_worker_at_once(tiny_data, monkeypatch)
         signal.signal(signal.SIGTERM, previous)
 
 
+def stuck_in_fork(tmp_path, monkeypatch, worker: int, times: int) -> None:
+    """The first ``times`` processes of ``worker`` hang before they mark the ring started, as a
+    child stuck in CPython's fork (python/cpython#112275) does; a file counts them across forks."""
+    announce = ring.SlotRing.announce
+
+    def hang_first(self, w):
+        if w == worker:
+            count = tmp_path / "forks"
+            n = int(count.read_text()) if count.exists() else 0
+            count.write_text(str(n + 1))
+            if n < times:
+                time.sleep(600)
+        announce(self, w)
+
+    monkeypatch.setattr(ring.SlotRing, "announce", hang_first)
+    monkeypatch.setattr(ring, "_START_S", 0.5)
+
+
+def test_a_worker_stuck_in_its_fork_is_forked_again_and_the_epoch_is_unchanged(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
+    want = all_batches(module(tiny_data, 2).train_dataloader())
+    stuck_in_fork(tmp_path, monkeypatch, worker=1, times=2)
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="recformer.data.ring"):
+        got = all_batches(module(tiny_data, 2).train_dataloader())
+    assert time.monotonic() - start < 20
+    assert_same_batches(got, want)
+    assert (tmp_path / "forks").read_text() == "3"
+    said = [r.getMessage() for r in caplog.records if r.name == "recformer.data.ring"]
+    assert [m.split(" (pid")[0] for m in said] == ["DataLoader worker process 1"] * 2
+    assert "python/cpython#112275" in said[0]
+    assert not multiprocessing.active_children() and not ring._RINGS
+
+
+def test_a_worker_that_never_starts_is_an_error_not_a_hang(tiny_data, tmp_path, monkeypatch):
+    stuck_in_fork(tmp_path, monkeypatch, worker=0, times=99)
+    monkeypatch.setattr(ring, "_START_TRIES", 2)
+    with pytest.raises(RuntimeError, match=r"worker process 0 did not start in 2 forks.*cpython#112275"):
+        all_batches(module(tiny_data, 1).train_dataloader())
+    assert (tmp_path / "forks").read_text() == "2"
+    assert not multiprocessing.active_children() and not ring._RINGS
+
+
+def test_a_worker_that_started_is_never_killed_for_a_slow_start(tiny_data, monkeypatch):
+    """The restart stops the process before it looks: one that started in the meantime goes on."""
+    loader = module(tiny_data, 1).train_dataloader()
+    pool = loader._pool(loader.stream.decoder.layout, False)
+    try:
+        pool._start(0)
+        deadline = time.monotonic() + 30
+        while not pool.ring.started(0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        p = pool._procs[0]
+        pool._restart(0)
+        assert pool._procs[0] is p and p.is_alive() and pool._forks == [1]
+        with open(f"/proc/{p.pid}/stat") as fh:
+            assert fh.read().rsplit(")", 1)[1].split()[0] != "T"  # running again, not stopped
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("where", ["reading", "gathering"])
 def test_an_error_in_a_forked_worker_reaches_the_training_process(tiny_data, monkeypatch, where):
     """Raised while reading the next window, or while writing a batch into a slot already taken:

@@ -18,11 +18,21 @@ batch (``bench/bench_loader.py``, "Design measurements"); with the pool it mostl
 The mapping is inherited, not named: it only exists for workers started by ``fork`` (Linux's
 default). Under ``spawn``/``forkserver`` the DataLoader's own workers pickle each batch through the
 pipe (``PackedBatch``); the two paths give identical batches (tested).
+
+A fork can leave the child stuck before it runs a line of Python: CPython before 3.11.8 re-takes
+the runtime's thread-state lock in the child before resetting it (python/cpython#112275), and in a
+DDP process the process group's threads take that lock whenever they free a collective's tensors
+(they enter Python to drop the last reference). A fork at that instant, at an epoch's start right
+after the last step's all-reduce, leaves the child waiting on it forever, and the rank, then every
+rank, with it (seen about once in 200 forks of a 2-rank CPU fit, tests/ddp_data_script.py). Each
+worker therefore marks in the ring that it started; one that has not within ``_START_S`` of its
+fork is stopped, checked again and, still unstarted, killed and forked again (``_restart``).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import multiprocessing as mp
 import os
@@ -45,6 +55,8 @@ if TYPE_CHECKING:
     from recformer.data.dataset import ParquetStream
     from recformer.data.decode import BatchLayout
 
+log = logging.getLogger(__name__)
+
 _PAGE = 4096
 _RINGS: dict[int, SlotRing] = {}
 """Rings alive in this (training) process, by id."""
@@ -55,6 +67,11 @@ _END, _ERROR = -1, -2
 
 _POLL_S = 0.1
 """How often a waiting side checks that the other is still there."""
+
+_START_S, _START_TRIES = 5.0, 5
+"""A forked worker that has not started ``_START_S`` seconds after its fork is taken for stuck in
+the fork (a started one marks it before anything else; that takes milliseconds) and forked again,
+up to ``_START_TRIES`` forks in all."""
 
 
 class SlotRing:
@@ -72,11 +89,14 @@ class SlotRing:
         self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self._map = mmap.mmap(-1, self.slot_bytes * slots * workers)  # MAP_SHARED | MAP_ANONYMOUS
         self._mem = np.frombuffer(self._map, dtype=np.uint8)
-        self._head_map = mmap.mmap(-1, 16 * slots * workers + 8)
+        self._head_map = mmap.mmap(-1, 16 * slots * workers + 8 + 8 * workers)
         words = np.frombuffer(self._head_map, dtype=np.int64)
-        self._head = words[:-1].reshape(workers, slots, 2)
+        n = 2 * slots * workers
+        self._head = words[:n].reshape(workers, slots, 2)
         """Per slot: (rows, history events) of the batch in it, or (_END / _ERROR, 0)."""
-        self._stop = words[-1:]
+        self._started = words[n + 1 :]
+        """Per worker: nonzero once its process runs ``_work`` (see ``WorkerPool._restart``)."""
+        self._stop = words[n : n + 1]
         """Nonzero once the epoch is abandoned: a plain shared word, not a multiprocessing Event,
         whose lock a worker killed while holding it would leave taken."""
         self._free = [ctx.Semaphore(slots) for _ in range(workers)]
@@ -100,6 +120,13 @@ class SlotRing:
         return self._mem[start : start + self.slot_bytes]
 
     # -- worker side ---------------------------------------------------------------------------
+    def announce(self, worker: int) -> None:
+        """Mark the worker's process as started (its first act)."""
+        self._started[worker] = 1
+
+    def started(self, worker: int) -> bool:
+        return bool(self._started[worker])
+
     def acquire(self, worker: int) -> tuple[int, np.ndarray]:
         """The worker's next slot, once the training process has freed it. Raises SystemExit
         when the epoch was abandoned or the training process is gone (the worker exits quietly)."""
@@ -145,6 +172,7 @@ def _work(
     init_fn: Callable[[int], None] | None,
 ) -> None:
     """A worker process: this worker's batches of the stream, each into the next free slot."""
+    ring.announce(worker)
     # Handlers inherited from the training process (Lightning's SIGTERM handler, Python's
     # KeyboardInterrupt) are not the worker's: the training process stops it (``close``), and
     # Ctrl-C reaches the training process, which does.
@@ -215,18 +243,28 @@ class WorkerPool:
         self._errors = self.ctx.SimpleQueue()
         self._reported: dict[int, tuple[ExceptionWrapper, str | None]] = {}
         self._closed = False
-        self._procs = [
-            self.ctx.Process(
-                target=_work, args=(self.ring, stream, w, base_seed, self._errors, init_fn), daemon=True
-            )
-            for w in range(workers)
-        ]
+        self._args = (stream, base_seed, self._errors, init_fn)
+        self._procs = [self._process(w) for w in range(workers)]
+        self._forked = [0.0] * workers
+        """When each worker's process was last forked (``time.monotonic``)."""
+        self._forks = [0] * workers
+
+    def _process(self, worker: int) -> mp.process.BaseProcess:
+        stream, base_seed, errors, init_fn = self._args
+        return self.ctx.Process(
+            target=_work, args=(self.ring, stream, worker, base_seed, errors, init_fn), daemon=True
+        )
+
+    def _start(self, worker: int) -> None:
+        self._forked[worker] = time.monotonic()
+        self._forks[worker] += 1
+        self._procs[worker].start()
 
     def __iter__(self) -> Iterator[Batch]:
         ring = self.ring
         try:
-            for p in self._procs:
-                p.start()
+            for w in range(self.workers):
+                self._start(w)
             active, taken, i = list(range(self.workers)), [0] * self.workers, 0
             while active:
                 w = active[i]
@@ -251,7 +289,11 @@ class WorkerPool:
         start = time.monotonic()
         while not self.ring.wait(worker, _POLL_S):
             p = self._procs[worker]
-            if not p.is_alive():
+            alive = p.is_alive()
+            if alive and not self.ring.started(worker) and time.monotonic() - self._forked[worker] > _START_S:
+                self._restart(worker)
+                continue
+            if not alive:
                 if self.ring.wait(worker, 0):  # it filled the slot, then exited (after its last)
                     return
                 raise RuntimeError(
@@ -262,6 +304,36 @@ class WorkerPool:
                 raise RuntimeError(
                     f"DataLoader timed out after {self.timeout} s waiting for worker process {worker}"
                 )
+
+    def _restart(self, worker: int) -> None:
+        """Fork ``worker`` again when its process is stuck in the fork (see the module's docstring).
+        It is stopped first, so that one slow to start cannot begin between the check and the kill;
+        one that has not started has not touched the ring, so its new process takes its place."""
+        p = self._procs[worker]
+        os.kill(p.pid, signal.SIGSTOP)
+        # Until it has stopped (or exited); WNOWAIT leaves its status to multiprocessing.
+        os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        if self.ring.started(worker):
+            os.kill(p.pid, signal.SIGCONT)
+            return
+        p.kill()
+        p.join()
+        if self._forks[worker] >= _START_TRIES:
+            raise RuntimeError(
+                f"DataLoader worker process {worker} did not start in {_START_TRIES} forks, each given "
+                f"{_START_S:g} s; CPython before 3.11.8 can leave a forked child stuck when another "
+                "thread enters Python at the fork (python/cpython#112275): upgrade Python, or set "
+                "data.num_workers=0"
+            )
+        log.warning(
+            "DataLoader worker process %d (pid %s) had not started %.1f s after its fork; forked it "
+            "again (CPython before 3.11.8 can leave a forked child stuck: python/cpython#112275)",
+            worker,
+            p.pid,
+            time.monotonic() - self._forked[worker],
+        )
+        self._procs[worker] = self._process(worker)
+        self._start(worker)
 
     def _reraise(self, worker: int) -> None:
         """Raise the error ``worker`` reported (it sends it right after the header that says so;
