@@ -299,3 +299,51 @@ def test_once_per_item_path_equals_per_slot(change):
     assert a.tokens.table.weight.grad.abs().sum() > 0
     for (name, p_a), p_b in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(p_a.grad, p_b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_target_pooled_history_is_dins_interest_and_ignores_padding() -> None:
+    """``history_pool: target``: the cross network's history field is DIN's weighted sum of the
+    valid events (the DIN baseline's own pooling), it differs by target, padded slots change
+    nothing, and the whole forward compiles in one graph."""
+    from recformer.model import fm
+
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1, history_pool="target")
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+        ranker.history_pool[-1].weight.normal_(0, 1.0)
+    batch = random_batch(dims, batch_size=8, empty_history=2)
+    x_BTD, _ = ranker.tokens(batch)
+    v_BFD = fm.fields(ranker.tokens, x_BTD, batch.hist_mask, ranker.history_pool)
+    n, L = ranker.tokens.n_context, dims.max_len
+    hist_BLD, tgt_BD = x_BTD[:, n : n + L], x_BTD[:, -1]
+    pair = torch.cat([hist_BLD, tgt_BD[:, None].expand_as(hist_BLD)], -1)
+    want = []
+    for b in range(8):  # one sample at a time, the valid events only
+        ok = batch.hist_mask[b]
+        h, t = hist_BLD[b, ok], tgt_BD[b].expand(int(ok.sum()), -1)
+        w = ranker.history_pool(torch.cat([h, t, h - t, h * t], -1)).squeeze(-1)
+        want.append((w[:, None] * h).sum(0))
+    torch.testing.assert_close(v_BFD[:, n - 1], torch.stack(want), rtol=1e-5, atol=1e-6)
+    assert pair.shape[-1] == 2 * ranker.cfg.d_model
+    assert v_BFD[:, n - 1].abs().sum() > 0
+    other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)
+    compiled = torch.compile(ranker.forward_parts, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(sum(compiled(batch)), ranker(batch), rtol=1e-5, atol=1e-5)
+    from recformer.model import flops
+
+    mean = _ranker(dims, cross_layers=1)
+    D = ranker.cfg.d_model
+    unit = 4 * D * 2 * D + 2 * D  # the attention unit's matrices, once per history slot
+    extra = flops.total(ranker.flop_terms()) - flops.total(mean.flop_terms())
+    assert extra == pytest.approx(6.0 * unit * dims.max_len)
+
+
+def test_target_pooling_needs_a_field_branch_and_a_history() -> None:
+    with pytest.raises(ValueError, match="history_pool='target' pools the history for the fields"):
+        RankerConfig(history_pool="target")
+    with pytest.raises(ValueError, match="history_pool='sum'; expected 'mean' or 'target'"):
+        RankerConfig(history_pool="sum", fm=True)
+    with pytest.raises(ValueError, match="needs a history"):
+        Ranker(RankerConfig(d_model=16, n_heads=2, fm=True, history_pool="target"), tiny_dims(max_len=0))

@@ -88,6 +88,12 @@ class RankerConfig:
     (cross layers + DNN) as the branch, the blocks and head beside it. Needs ``cross_layers`` >= 1
     and the cross network's own logit (no ``head_fields``). Glorot init and, under muP, the
     ``hidden`` kind as the cross layers have. []: the cross layers alone."""
+    history_pool: Literal["mean", "target"] = "mean"
+    """How the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool the history: ``mean``
+    over its valid events, or ``target``: DIN's target attention (Zhou et al. 2018; an activation
+    unit weighs each event by the target, ``model/fm.py``), the user's interest in this item,
+    which the blocks reach only through softmax attention among all tokens. Needs one of the three
+    and a history. On MovieLens it lost validation AUC and GAUC at 1.39x the FLOPs (docs/levers.md)."""
     head_fields: bool = False
     """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
     when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
@@ -209,6 +215,13 @@ class RankerConfig:
             )
         if self.cross_layers < 0:
             raise ValueError(f"cross_layers={self.cross_layers} must be >= 0 (0 = no cross network)")
+        if self.history_pool not in ("mean", "target"):
+            raise ValueError(f"history_pool={self.history_pool!r}; expected 'mean' or 'target'")
+        if self.history_pool == "target" and not (self.fm or self.cross_layers or self.head_fields):
+            raise ValueError(
+                "history_pool='target' pools the history for the fields of fm, cross_layers and "
+                "head_fields; set one of them (all are off)"
+            )
         if self.head_hidden < 0:
             raise ValueError(f"head_hidden={self.head_hidden} must be >= 0 (0 = 2 * d_model)")
 

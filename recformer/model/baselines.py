@@ -156,7 +156,7 @@ class DINRanker(TokenBaseline):
         super().__init__()
         self._setup(cfg, dims, needs_history="din")
         D = cfg.d_model
-        self.attn_mlp = nn.Sequential(nn.Linear(4 * D, 2 * D), nn.GELU(), nn.Linear(2 * D, 1))
+        self.attn_mlp = fm.attention_unit(D)
         hidden = cfg.head_hidden or 2 * D
         # Context tokens except CLS, the pooled history and the target.
         d_in = (self.n_context - 1) * D + 2 * D
@@ -182,12 +182,7 @@ class DINRanker(TokenBaseline):
         ctx_BTD = x_BTD[:, 1 : self.n_context]
         hist_BLD = x_BTD[:, self.n_context : self.n_context + self.max_len]
         tgt_BD = x_BTD[:, -1]
-        t_BLD = tgt_BD[:, None, :].expand_as(hist_BLD)
-        score_BL = self.attn_mlp(
-            torch.cat([hist_BLD, t_BLD, hist_BLD - t_BLD, hist_BLD * t_BLD], -1)
-        ).squeeze(-1)
-        score_BL = score_BL * batch.hist_mask  # padded events contribute nothing
-        pooled_BD = (score_BL[:, :, None] * hist_BLD).sum(1)
+        pooled_BD = fm.target_pool(self.attn_mlp, hist_BLD, tgt_BD, batch.hist_mask)
         h = self.mlp(torch.cat([ctx_BTD.reshape(B, -1), pooled_BD, tgt_BD], -1))
         return self.out(h).squeeze(-1).float()
 

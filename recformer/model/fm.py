@@ -2,9 +2,10 @@
 component computes them (Guo et al. 2017): shared by ``DeepFMRanker`` and the Transformer's
 ``fm`` option.
 
-The fields are the tokenizer's context tokens (not CLS), the history mean-pooled over its valid
-events (as FuxiCTR and TorchRec pool a sequence feature) when there is one, and the target item
-token. Their pairwise inner products are explicit second-order crosses: user id x target item,
+The fields are the tokenizer's context tokens (not CLS), the history pooled over its valid events
+when there is one, and the target item token. The history's pooling is the mean (as FuxiCTR and
+TorchRec pool a sequence feature) or, given an attention unit, DIN's target attention
+(``target_pool``). Their pairwise inner products are explicit second-order crosses: user id x target item,
 pooled history x target item (item-item collaborative filtering), genre x history, ...
 
 Shape suffixes: the legend in ``recformer/__init__.py``.
@@ -13,6 +14,7 @@ Shape suffixes: the legend in ``recformer/__init__.py``.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from recformer.model.embedding import FeatureTokenizer
 
@@ -22,15 +24,42 @@ def n_fields(tokens: FeatureTokenizer) -> int:
     return tokens.n_context - 1 + (1 if tokens.max_len else 0) + 1
 
 
-def fields(tokens: FeatureTokenizer, x_BTD: torch.Tensor, hist_mask_BL: torch.Tensor) -> torch.Tensor:
-    """[B, n_fields, D] from the tokenizer's output ``x_BTD`` (its layout: ``FeatureTokenizer``)."""
+def fields(
+    tokens: FeatureTokenizer,
+    x_BTD: torch.Tensor,
+    hist_mask_BL: torch.Tensor,
+    unit: nn.Module | None = None,
+) -> torch.Tensor:
+    """[B, n_fields, D] from the tokenizer's output ``x_BTD`` (its layout: ``FeatureTokenizer``);
+    the history pooled by ``target_pool`` with ``unit`` when given, else its mean."""
     n_context, L = tokens.n_context, tokens.max_len
     parts = [x_BTD[:, 1:n_context]]
     if L:
         hist_BLD = x_BTD[:, n_context : n_context + L]
-        m_BL1 = hist_mask_BL.unsqueeze(-1).to(hist_BLD.dtype)
-        parts.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
+        if unit is not None:
+            parts.append(target_pool(unit, hist_BLD, x_BTD[:, -1], hist_mask_BL).unsqueeze(1))
+        else:
+            m_BL1 = hist_mask_BL.unsqueeze(-1).to(hist_BLD.dtype)
+            parts.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
     return torch.cat([*parts, x_BTD[:, -1:]], dim=1)
+
+
+def attention_unit(d: int) -> nn.Sequential:
+    """DIN's activation unit (Zhou et al. 2018, section 4.3): an MLP from an event's and the
+    target's embeddings, [h, t, h - t, h * t], to the event's weight."""
+    return nn.Sequential(nn.Linear(4 * d, 2 * d), nn.GELU(), nn.Linear(2 * d, 1))
+
+
+def target_pool(
+    unit: nn.Module, hist_BLD: torch.Tensor, tgt_BD: torch.Tensor, hist_mask_BL: torch.Tensor
+) -> torch.Tensor:
+    """DIN's user interest [B, D]: the valid events' embeddings weighted by ``unit`` given the
+    target, summed. No softmax: DIN keeps the weights' sum, the intensity of the user's interest
+    in the target (Zhou et al. 2018, section 4.3)."""
+    t_BLD = tgt_BD[:, None, :].expand_as(hist_BLD)
+    score_BL = unit(torch.cat([hist_BLD, t_BLD, hist_BLD - t_BLD, hist_BLD * t_BLD], -1)).squeeze(-1)
+    score_BL = score_BL * hist_mask_BL  # padded events contribute nothing
+    return (score_BL[:, :, None] * hist_BLD).sum(1)
 
 
 def pairwise(v_BFD: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,8 @@ class Initialisable(Protocol):
     item_bias: nn.Embedding | None
     cross: nn.Module | None
     """``CrossTower`` or None: initialises itself (``reset``)."""
+    history_pool: nn.Sequential | None
+    """DIN's attention unit (``fm.attention_unit``) or None."""
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
@@ -199,4 +201,10 @@ def _init_beside(ranker: Initialisable) -> list[torch.Tensor]:
     if ranker.cross is not None:  # Glorot cross layers, a zero output
         ranker.cross.reset()
         params += list(ranker.cross.parameters())
+    if ranker.history_pool is not None:  # as the DIN baseline: normal weights, zero biases
+        for m in ranker.history_pool:
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0.0, ranker.cfg.init_std)
+                m.bias.zero_()
+                params += [m.weight, m.bias]
     return params

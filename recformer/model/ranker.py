@@ -96,6 +96,9 @@ class Ranker(nn.Module):
         d_fields = fm.n_fields(self.tokens) * cfg.d_model
         self.head = Head(cfg, d_fields if cfg.head_fields else 0)
         self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
+        if cfg.history_pool == "target" and not dims.max_len:
+            raise ValueError("history_pool='target' needs a history (a feature spec with a sequence)")
+        self.history_pool = fm.attention_unit(cfg.d_model) if cfg.history_pool == "target" else None
         self.cross = (
             CrossTower(d_fields, cfg.cross_layers, not cfg.head_fields, cfg.cross_hidden)
             if cfg.cross_layers
@@ -135,6 +138,8 @@ class Ranker(nn.Module):
         for i, block in enumerate(self.blocks):
             terms += flops.block_terms(block, D, T, R if i == len(self.blocks) - 1 else None)
         once = flops.matrix_params(self.head) + (flops.matrix_params(self.cross) if self.cross else 0)
+        if self.history_pool is not None:  # the attention unit once per history slot
+            terms.append(flops.Matmul(flops.matrix_params(self.history_pool), self.dims.max_len))
         return terms + [flops.Matmul(once, 1)]
 
     def param_kinds(self) -> dict[str, ParamKind]:
@@ -200,7 +205,7 @@ class Ranker(nn.Module):
         if self.item_bias is not None:
             wide.append(self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1))
         if self.cfg.fm or self.cross is not None or self.cfg.head_fields:
-            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask)
+            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask, self.history_pool)
             crossed_BX = None if self.cross is None else self.cross.cross(v_BFD)
             if self.cfg.fm:
                 wide.append(fm.pairwise(v_BFD) * self.head.readout_mult)
