@@ -312,3 +312,17 @@ def test_the_rate_refinement_climbs_the_1_2_5_ladder_until_its_best_is_inside(tm
     best, points = r.refine(grid, "deepfm", start, tmp_path)
     assert best == start and sorted(p["setting"][lr] for p in points) == [5e-4, 1e-3, 2e-3]
     assert r.rung(3e-3, 1) == 5e-3 and r.rung(1e-2, -1) == 5e-3  # 3e-3's nearest rung is 2e-3
+
+
+def test_the_early_stopping_overlay_is_the_default_callback_list_but_its_monitor():
+    """configs/quality/es_auc_gauc.yaml replaces the whole callback list, so it must follow
+    configs/trainer.yaml: the same callbacks, only early stopping's monitor changed."""
+    import yaml
+
+    default = yaml.safe_load((ROOT / "configs" / "trainer.yaml").read_text())["trainer"]["callbacks"]
+    overlay = yaml.safe_load((ROOT / "configs" / "quality" / "es_auc_gauc.yaml").read_text())
+    overlay = overlay["trainer"]["callbacks"]
+    stops = [i for i, c in enumerate(default) if c["class_path"].endswith(".EarlyStopping")]
+    assert len(stops) == 1 and overlay[stops[0]]["init_args"].pop("monitor") == "val/auc_gauc"
+    default[stops[0]]["init_args"].pop("monitor")
+    assert overlay == default

@@ -24,7 +24,7 @@ the runtime's thread-state lock in the child before resetting it (python/cpython
 DDP process the process group's threads take that lock whenever they free a collective's tensors
 (they enter Python to drop the last reference). A fork at that instant, at an epoch's start right
 after the last step's all-reduce, leaves the child waiting on it forever, and the rank, then every
-rank, with it (seen about once in 200 forks of a 2-rank CPU fit, tests/ddp_data_script.py). Each
+rank, with it (about once in a thousand forks of a 2-rank CPU fit, tests/ddp_data_script.py). Each
 worker therefore marks in the ring that it started; one that has not within ``_START_S`` of its
 fork is stopped, checked again and, still unstarted, killed and forked again (``_restart``).
 """
