@@ -7,7 +7,8 @@
 Each row is one model (a preset of ``configs/quality/grid.yaml``, with its chosen learning rate and
 regulariser when ``--chosen`` is given), or the Transformer with one option changed (``--options``:
 content tokens of their own, a token per dense feature, the FM crosses, the cross network, the
-non-sequence tokens' own weights, the previous default shape), so each option's cost in tokens and
+non-sequence tokens' own weights, the previous default shape, the history tokens the blocks see),
+so each option's cost in tokens and
 time sits in the same table. Every model trains on the same ``--batch``-row batches of the train
 split, read once before timing; a step is what ``recformer fit`` runs per batch: forward, the
 weighted BCE loss, backward, the gradient-norm clip and non-finite check, touched-row embedding
@@ -54,6 +55,9 @@ OPTIONS = {
     "dropout 0.2 per feature, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_mask": "feature"}
     },
+    "every history event a token": {"ranker": {"history_tokens": 0}},
+    "history tokens 32, older mean": {"ranker": {"history_tokens": 32, "history_older": "mean"}},
+    "history tokens 32, older dropped": {"ranker": {"history_tokens": 32, "history_older": "drop"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }

@@ -347,3 +347,81 @@ def test_target_pooling_needs_a_field_branch_and_a_history() -> None:
         RankerConfig(history_pool="sum", fm=True)
     with pytest.raises(ValueError, match="needs a history"):
         Ranker(RankerConfig(d_model=16, n_heads=2, fm=True, history_pool="target"), tiny_dims(max_len=0))
+
+
+@pytest.mark.parametrize("content", ["add", "all"])
+def test_history_tokens_keep_the_recent_events_for_the_blocks(content: str) -> None:
+    """``history_tokens``: the blocks see the last K event slots (and with ``content_tokens: all``
+    their content tokens) and nothing older; the cross network's pooled history still reads every
+    event; the probe path, the token-specific layout and compile agree with it."""
+    dims = tiny_dims(max_len=6)
+    full = _ranker(dims, cross_layers=1, content_tokens=content)
+    ranker = _ranker(dims, cross_layers=1, content_tokens=content, history_tokens=3)
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+    per_event = 2 if content == "all" else 1
+    assert ranker.n_tokens == full.n_tokens - 3 * per_event
+    batch = random_batch(dims, batch_size=8, empty_history=1)
+    older = torch.zeros_like(batch.hist_mask)
+    older[:, :3] = True
+    assert (batch.hist_mask & older).any()  # some samples have events in the dropped slots
+    head, branch = ranker.forward_parts(batch)
+    head2, branch2 = ranker.forward_parts(_scramble(batch, older & batch.hist_mask, dims, seed=1))
+    torch.testing.assert_close(head2, head, rtol=0, atol=1e-6)  # the blocks never read them
+    assert (branch2 - branch).abs().max() > 1e-4  # the pooled history field does
+    recent = _scramble(batch, ~older & batch.hist_mask, dims, seed=2)
+    assert (ranker.forward_parts(recent)[0] - head).abs().max() > 1e-4
+    logits, stats = ranker.forward_stats(batch)
+    torch.testing.assert_close(logits, ranker(batch), rtol=1e-5, atol=1e-6)
+    assert stats.hidden[0].shape[1] == ranker.n_tokens
+    compiled = torch.compile(ranker.forward_parts, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(sum(compiled(batch)), ranker(batch), rtol=1e-5, atol=1e-5)
+    from recformer.model import flops
+
+    fewer = flops.total(full.flop_terms()) - flops.total(ranker.flop_terms())
+    assert fewer > 0
+    specific = _ranker(dims, history_tokens=3, token_params="specific", content_tokens=content)
+    assert specific.blocks[0].attn.layout.n_tokens == specific.n_tokens
+    assert torch.isfinite(specific(batch)).all()
+
+
+def test_history_tokens_at_or_over_the_history_length_keep_every_event() -> None:
+    dims = tiny_dims(max_len=6)
+    for kept in (6, 10):
+        assert _ranker(dims, history_tokens=kept).n_tokens == _ranker(dims).n_tokens
+    with pytest.raises(ValueError, match="history_tokens=-1 must be >= 0"):
+        RankerConfig(history_tokens=-1)
+
+
+@pytest.mark.parametrize("content", ["add", "all"])
+def test_older_history_mean_is_one_token_of_the_valid_older_events(content: str) -> None:
+    """``history_older: mean``: the events before the last ``history_tokens`` reach the blocks as
+    one token after the context, their tokens' mean over the valid ones, masked for a sample
+    without any; padded slots still change nothing."""
+    dims = tiny_dims(max_len=6)
+    ranker = _ranker(dims, content_tokens=content, history_tokens=3, history_older="mean")
+    dropped = _ranker(dims, content_tokens=content, history_tokens=3)
+    assert ranker.n_tokens == dropped.n_tokens + 1
+    batch = random_batch(dims, batch_size=8, empty_history=1)
+    x_BTD, attend_B11T, all_BTD = ranker._tokens(batch)
+    n = ranker.tokens.n_context
+    older_BL = batch.hist_mask[:, :3]
+    olds = [all_BTD[:, n : n + 3]] + ([all_BTD[:, n + 6 : n + 9]] if content == "all" else [])
+    masks = [older_BL] * len(olds)
+    for b in range(8):
+        rows = torch.cat([o[b][m[b]] for o, m in zip(olds, masks)])
+        want = rows.mean(0) if len(rows) else torch.zeros(ranker.cfg.d_model)
+        torch.testing.assert_close(x_BTD[b, n], want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(attend_B11T[:, 0, 0, n], older_BL.any(1))
+    assert not older_BL[0].any() and older_BL.any()  # a sample without older events, others with
+    padded = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker(padded), ranker(batch), rtol=0, atol=1e-6)
+    older = torch.zeros_like(batch.hist_mask)
+    older[:, :3] = True
+    moved = ranker(_scramble(batch, older & batch.hist_mask, dims, seed=2))
+    assert (moved - ranker(batch)).abs().max() > 1e-4  # the older events reach the head now
+    torch.testing.assert_close(ranker.forward_stats(batch)[0], ranker(batch), rtol=1e-5, atol=1e-6)
+    compiled = torch.compile(ranker.forward, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(batch), ranker(batch), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="history_older='sum'; expected 'drop' or 'mean'"):
+        RankerConfig(history_older="sum")

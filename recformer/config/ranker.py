@@ -94,6 +94,14 @@ class RankerConfig:
     unit weighs each event by the target, ``model/fm.py``), the user's interest in this item,
     which the blocks reach only through softmax attention among all tokens. Needs one of the three
     and a history. On MovieLens it lost validation AUC and GAUC at 1.39x the FLOPs (docs/levers.md)."""
+    history_tokens: int = 0
+    """How many of the most recent history events the blocks attend over (0: all ``max_len``). The
+    tokenizer embeds every event and the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool
+    them all; the older events' tokens are left out of the blocks, whose cost grows with the
+    tokens (attention with their square)."""
+    history_older: Literal["drop", "mean"] = "drop"
+    """With ``history_tokens``, what the blocks get of the older events: nothing (``drop``), or one
+    token, the mean of their tokens over the valid ones (``mean``; masked when a sample has none)."""
     head_fields: bool = False
     """The head's MLP also reads the fields of ``fm`` (flattened; through the cross layers first
     when ``cross_layers`` > 0, which then add no logit of their own) beside the tokens it reads: the
@@ -215,6 +223,10 @@ class RankerConfig:
             )
         if self.cross_layers < 0:
             raise ValueError(f"cross_layers={self.cross_layers} must be >= 0 (0 = no cross network)")
+        if self.history_tokens < 0:
+            raise ValueError(f"history_tokens={self.history_tokens} must be >= 0 (0 = every history event)")
+        if self.history_older not in ("drop", "mean"):
+            raise ValueError(f"history_older={self.history_older!r}; expected 'drop' or 'mean'")
         if self.history_pool not in ("mean", "target"):
             raise ValueError(f"history_pool={self.history_pool!r}; expected 'mean' or 'target'")
         if self.history_pool == "target" and not (self.fm or self.cross_layers or self.head_fields):

@@ -87,6 +87,7 @@ class Ranker(nn.Module):
         self.cfg = cfg
         self.dims = dims
         self.tokens = FeatureTokenizer(cfg, dims)
+        self.block_slices, self.older_slices = self._block_slices()
         layout = self._layout() if cfg.token_params == "specific" else None
         self.blocks = nn.ModuleList(make_block(cfg, layer, layout) for layer in range(cfg.n_layers))
         # Post / DeepNorm blocks end in a norm already; the others leave the stream unnormalised.
@@ -110,12 +111,49 @@ class Ranker(nn.Module):
         """Where the non-sequence tokens sit (``token_params: specific``): CLS and the context in
         front, the target (and its own content token) at the back; see ``FeatureTokenizer``."""
         back = 2 if self.tokens.content_tokens == "target" else 1
-        return TokenLayout(self.tokens.n_context, back, self.tokens.n_tokens)
+        return TokenLayout(self.tokens.n_context, back, self.n_tokens)
+
+    def _block_slices(self) -> tuple[list[slice] | None, list[slice]]:
+        """The tokenizer's token positions the blocks see, as slices (None: all of them), and those
+        they do not: the history events before the last ``history_tokens`` (their content tokens
+        too, with ``content_tokens: all``). The history is left-padded, most recent last
+        (``SequenceSpec``), so the kept slots hold a sample's most recent events."""
+        n_context, L, kept = self.tokens.n_context, self.dims.max_len, self.cfg.history_tokens
+        if not kept or kept >= L:
+            return None, []
+        drop = L - kept
+        older = [slice(n_context, n_context + drop)]
+        if self.tokens.content_tokens != "all":
+            return [slice(0, n_context), slice(n_context + drop, None)], older
+        contents = n_context + L  # the events' content tokens, then the target's, then the target
+        older.append(slice(contents, contents + drop))
+        return [slice(0, n_context), slice(n_context + drop, contents), slice(contents + drop, None)], older
 
     @property
     def n_tokens(self) -> int:
-        """Tokens per sample T (CLS + context + history + target)."""
-        return self.tokens.n_tokens
+        """Tokens per sample T the blocks attend over (CLS + context + history + target)."""
+        if self.block_slices is None:
+            return self.tokens.n_tokens
+        summary = 1 if self.cfg.history_older == "mean" else 0
+        return summary + sum(len(range(self.tokens.n_tokens)[s]) for s in self.block_slices)
+
+    def _tokens(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The blocks' tokens and key mask ([B, 1, 1, T], None when every token is valid), and the
+        tokenizer's full output, which the fields beside the blocks read."""
+        all_BTD, valid_BT = self.tokens(batch)
+        x_BTD = all_BTD
+        if self.block_slices is not None:
+            parts = [all_BTD[:, s] for s in self.block_slices]
+            masks = [valid_BT[:, s] for s in self.block_slices]
+            if self.cfg.history_older == "mean":  # one token after the context: the older events
+                older_BLD = torch.cat([all_BTD[:, s] for s in self.older_slices], dim=1)
+                older_BL = torch.cat([valid_BT[:, s] for s in self.older_slices], dim=1)
+                m_BL1 = older_BL.unsqueeze(-1).to(older_BLD.dtype)
+                mean_B1D = (older_BLD * m_BL1).sum(1, keepdim=True) / m_BL1.sum(1, keepdim=True).clamp_min(1)
+                parts.insert(1, mean_B1D)
+                masks.insert(1, older_BL.any(1, keepdim=True))
+            x_BTD, valid_BT = torch.cat(parts, dim=1), torch.cat(masks, dim=1)
+        return x_BTD, None if valid_BT is None else valid_BT[:, None, None, :], all_BTD
 
     def transformer_blocks(self) -> nn.ModuleList:
         return self.blocks
@@ -185,9 +223,8 @@ class Ranker(nn.Module):
     def forward_parts(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's logit and the sum of the terms beside the blocks (None without any), float32
         [B] each. The module's ``branch_loss`` trains each part on the labels too."""
-        x_BTD, valid_BT = self.tokens(batch)
-        wide_B, fields_BX = self._beside(x_BTD, batch)
-        attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
+        x_BTD, attend_B11T, all_BTD = self._tokens(batch)
+        wide_B, fields_BX = self._beside(all_BTD, batch)
         for block in self.blocks[:-1]:
             x_BTD = block(x_BTD, attend_B11T)
         # The head reads 1-2 tokens, so the last block updates only those (queries, out projection
@@ -223,12 +260,12 @@ class Ranker(nn.Module):
     @torch.compiler.disable
     def forward_stats(self, batch: Batch) -> tuple[torch.Tensor, BlockStats]:
         """The logits of ``forward`` and the blocks' statistics (``BlockStats``), eagerly."""
-        x_BTD, valid_BT = self.tokens(batch)
-        wide_B, fields_BX = self._beside(x_BTD, batch)
-        attend_B11T = None if valid_BT is None else valid_BT[:, None, None, :]
-        if valid_BT is None:
-            valid_BT = torch.ones(x_BTD.shape[:2], dtype=torch.bool, device=x_BTD.device)
-        w_BT = valid_BT.float()
+        x_BTD, attend_B11T, all_BTD = self._tokens(batch)
+        wide_B, fields_BX = self._beside(all_BTD, batch)
+        if attend_B11T is None:
+            w_BT = x_BTD.new_ones(x_BTD.shape[:2], dtype=torch.float32)
+        else:
+            w_BT = attend_B11T[:, 0, 0].float()
         n_valid = w_BT.sum()
 
         hidden = [x_BTD.detach()]
