@@ -7,12 +7,11 @@
 Each row is one model (a preset of ``configs/quality/grid.yaml``, with its chosen learning rate and
 regulariser when ``--chosen`` is given), or the Transformer with one option changed (``--options``:
 content tokens of their own, a token per dense feature, the FM crosses, the cross network, the
-non-sequence tokens' own weights, the previous default shape, the history tokens the blocks see),
-so each option's cost in tokens and
-time sits in the same table. Every model trains on the same ``--batch``-row batches of the train
-split, read once before timing; a step is what ``recformer fit`` runs per batch: forward, the
-weighted BCE loss, backward, the gradient-norm clip and non-finite check, touched-row embedding
-decay when set, the AdamW step. Steps run interleaved, one timed step of each model in turn, so
+non-sequence tokens' own weights, the previous default shape, fewer history tokens in the blocks),
+so each option's cost in tokens and time sits in the same table. Every model trains on the same
+``--batch``-row batches of the train split, read once before timing; a step is what ``recformer
+fit`` runs per batch: forward, the weighted BCE loss, backward, the gradient-norm clip and
+non-finite check, touched-row embedding decay when set, the AdamW step. Steps run interleaved, one timed step of each model in turn, so
 machine noise hits them alike; the table reports median samples/s over the timed steps and the ratio
 to ``--reference`` (the Transformer), on ``--threads`` torch threads.
 """
@@ -55,8 +54,8 @@ OPTIONS = {
     "dropout 0.2 per feature, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_mask": "feature"}
     },
-    "every history event a token": {"ranker": {"history_tokens": 0}},
     "history tokens 32, older mean": {"ranker": {"history_tokens": 32, "history_older": "mean"}},
+    "history tokens 40, older mean": {"ranker": {"history_tokens": 40, "history_older": "mean"}},
     "history tokens 32, older dropped": {"ranker": {"history_tokens": 32, "history_older": "drop"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},

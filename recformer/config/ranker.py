@@ -98,7 +98,8 @@ class RankerConfig:
     """How many of the most recent history events the blocks attend over (0: all ``max_len``). The
     tokenizer embeds every event and the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool
     them all; the older events' tokens are left out of the blocks, whose cost grows with the
-    tokens (attention with their square)."""
+    tokens (attention with their square). On MovieLens 32 of 50 trained 1.25x as fast and lost
+    validation AUC and GAUC, with the older events as one token too (docs/levers.md)."""
     history_older: Literal["drop", "mean"] = "drop"
     """With ``history_tokens``, what the blocks get of the older events: nothing (``drop``), or one
     token, the mean of their tokens over the valid ones (``mean``; masked when a sample has none)."""
