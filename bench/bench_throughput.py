@@ -11,9 +11,10 @@ non-sequence tokens' own weights, the previous default shape, fewer history toke
 so each option's cost in tokens and time sits in the same table. Every model trains on the same
 ``--batch``-row batches of the train split, read once before timing; a step is what ``recformer
 fit`` runs per batch: forward, the weighted BCE loss, backward, the gradient-norm clip and
-non-finite check, touched-row embedding decay when set, the AdamW step. Steps run interleaved, one timed step of each model in turn, so
-machine noise hits them alike; the table reports median samples/s over the timed steps and the ratio
-to ``--reference`` (the Transformer), on ``--threads`` torch threads.
+non-finite check, touched-row embedding decay when set, the AdamW step. Steps run interleaved, one
+timed step of each model in turn, so machine noise hits them alike; the table reports median
+samples/s over the timed steps and the ratio to ``--reference`` (the Transformer), on ``--threads``
+torch threads.
 """
 
 from __future__ import annotations
