@@ -118,11 +118,13 @@ def test_every_baseline_exports_or_is_refused_by_name(arch, tiny_data, tmp_path,
         ),
         ("--model.ranker.cross_layers=1", "--model.ranker.head_fields=true"),
         ("--model.ranker.token_params=specific",),
+        ("--model.ranker.history_tokens=2", "--model.ranker.history_older=mean"),
     ],
 )
 def test_the_transformer_with_its_wide_terms_exports_with_parity(tiny_data, tmp_path, options):
-    """The FM crosses, the per-item bias, the cross network, the head's extra inputs and the
-    non-sequence tokens' own weights are part of the exported graph, not dropped."""
+    """The FM crosses, the per-item bias, the cross network, the head's extra inputs, the
+    non-sequence tokens' own weights and the blocks' shorter history (with its mean token) are part
+    of the exported graph, not dropped."""
     ckpt = _checkpoint(tiny_data, tmp_path / "fit", *options)
     out = tmp_path / "artifact"
     assert recformer_main(["export", "--ckpt", str(ckpt), "--data", str(tiny_data), "--out", str(out)]) == 0
