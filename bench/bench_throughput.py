@@ -69,6 +69,10 @@ own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml``
 QK-Norm), and a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one)."""
 
 
+BF16 = " bf16-mixed"
+"""The suffix of a model's row under ``--bf16``."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", type=Path, default=ROOT / "configs" / "quality" / "grid.yaml")
@@ -86,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per model first")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="also every model under CPU bf16 autocast (--trainer.precision=bf16-mixed), beside fp32",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     return p.parse_args(argv)
 
@@ -125,10 +134,12 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
     return module.train(), optimizer
 
 
-def step(module: RankerModule, optimizer: torch.optim.Optimizer, batch) -> None:
+def step(module: RankerModule, optimizer: torch.optim.Optimizer, batch, bf16: bool = False) -> None:
     """One training step as ``recformer fit`` runs it (the module's ``train_loss``, then
-    configure_gradient_clipping, then the optimizer)."""
-    loss, _ = module.train_loss(batch)
+    configure_gradient_clipping, then the optimizer); with ``bf16``, the loss under CPU bf16
+    autocast, as ``--trainer.precision=bf16-mixed`` runs it on CPU."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss, _ = module.train_loss(batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     module.configure_gradient_clipping(optimizer)
@@ -177,11 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
             module, optimizer = build(m, dm)
             module.ranker.tokens.once_per_item = False
             models[f"{name} per-slot content"] = (module, optimizer)
+    if a.bf16:
+        models.update({f"{name}{BF16}": build(m, dm) for name, m in settings.items()})
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
         for name, (module, optimizer) in models.items():
             start = time.perf_counter()
-            step(module, optimizer, batch)
+            step(module, optimizer, batch, name.endswith(BF16))
             if i >= a.warmup:
                 seconds[name].append(time.perf_counter() - start)
     ref = statistics.median(seconds[a.reference]) if a.reference in seconds else None

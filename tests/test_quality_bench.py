@@ -132,6 +132,7 @@ def test_quality_search_extends_a_penalty_up_but_not_below_zero(tmp_path, monkey
 def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path):
     cmd = [sys.executable, "bench/bench_throughput.py", "--grid", str(_grid(tmp_path, tiny_data))]
     cmd += ["--data", str(tiny_data), "--batch", "32", "--steps", "2", "--warmup", "1", "--threads", "1"]
+    cmd += ["--bf16"]
     proc = subprocess.run(
         cmd + ["--out", str(tmp_path / "t.json")], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
@@ -142,6 +143,9 @@ def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path
     assert rows["transformer content=target"]["tokens"] == base["tokens"] + 1
     assert rows["transformer content=all"]["tokens"] == base["tokens"] + 1 + 6  # + every history event (6)
     assert rows["popularity"]["tokens"] == 1
+    # 32 and 40 recent events are more than the 6 the tiny data has: every event stays a token.
+    assert rows["transformer history tokens 32, older mean"]["tokens"] == base["tokens"]
+    assert {"transformer bf16-mixed", "popularity bf16-mixed", "transformer fm bf16-mixed"} <= set(rows)
     assert all(r["samples_per_s"] > 0 for r in rows.values())
 
 
