@@ -39,9 +39,14 @@ def fields(
         if unit is not None:
             parts.append(target_pool(unit, hist_BLD, x_BTD[:, -1], hist_mask_BL).unsqueeze(1))
         else:
-            m_BL1 = hist_mask_BL.unsqueeze(-1).to(hist_BLD.dtype)
-            parts.append(((hist_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)).unsqueeze(1))
+            parts.append(masked_mean(hist_BLD, hist_mask_BL).unsqueeze(1))
     return torch.cat([*parts, x_BTD[:, -1:]], dim=1)
+
+
+def masked_mean(x_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
+    """[B, D]: the mean of ``x_BLD`` over the L slots ``mask_BL`` marks valid; 0 where none is."""
+    m_BL1 = mask_BL.unsqueeze(-1).to(x_BLD.dtype)
+    return (x_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)
 
 
 def attention_unit(d: int) -> nn.Sequential:

@@ -148,9 +148,7 @@ class Ranker(nn.Module):
             if self.cfg.history_older == "mean":  # one token after the context: the older events
                 older_BLD = torch.cat([all_BTD[:, s] for s in self.older_slices], dim=1)
                 older_BL = torch.cat([valid_BT[:, s] for s in self.older_slices], dim=1)
-                m_BL1 = older_BL.unsqueeze(-1).to(older_BLD.dtype)
-                mean_B1D = (older_BLD * m_BL1).sum(1, keepdim=True) / m_BL1.sum(1, keepdim=True).clamp_min(1)
-                parts.insert(1, mean_B1D)
+                parts.insert(1, fm.masked_mean(older_BLD, older_BL).unsqueeze(1))
                 masks.insert(1, older_BL.any(1, keepdim=True))
             x_BTD, valid_BT = torch.cat(parts, dim=1), torch.cat(masks, dim=1)
         return x_BTD, None if valid_BT is None else valid_BT[:, None, None, :], all_BTD
