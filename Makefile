@@ -54,6 +54,7 @@ lint: install
 bench: install
 	$(BIN)/python bench/bench_loader.py
 	$(BIN)/python bench/bench_model.py
+	$(BIN)/python bench/bench_attention.py
 	$(BIN)/python bench/bench_callbacks.py
 	@test -f $(DATA)/spec.yaml || $(BIN)/recformer data movielens --out $(DATA)
 	$(BIN)/python bench/bench_throughput.py --data $(DATA)

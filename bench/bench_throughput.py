@@ -58,6 +58,7 @@ OPTIONS = {
     "history tokens 32, older mean": {"ranker": {"history_tokens": 32, "history_older": "mean"}},
     "history tokens 40, older mean": {"ranker": {"history_tokens": 40, "history_older": "mean"}},
     "history tokens 32, older dropped": {"ranker": {"history_tokens": 32, "history_older": "drop"}},
+    "SDPA attention": {"ranker": {"attention_kernel": "sdpa"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }
@@ -66,7 +67,8 @@ OPTIONS = {
 own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml`` had until
 2026-12-02, dropout with and without its share on the attention weights (on the MLP branch alone,
 ``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``; without
-QK-Norm), and a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one)."""
+QK-Norm), a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one), and SDPA's kernel
+instead of the per-head matmuls ``attention_kernel: auto`` takes on CPU."""
 
 
 BF16 = " bf16-mixed"

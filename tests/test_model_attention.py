@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from recformer.config import RankerConfig
-from recformer.model.attention import Attention
+from recformer.model.attention import MATMUL_MAX_HEADS, MATMUL_MAX_TOKENS, Attention, matmul_attention
 
 EPS = 1e-6
 
@@ -63,17 +64,21 @@ def _setup(qk: str, kind: str, mup: bool, seed: int = 0):
     return attn, x, valid, scale
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "matmul"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("mup", [False, True])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("qk", ["none", "head", "full"])
-def test_attention_matches_reference_outputs_and_gradients(qk: str, kind: str, mup: bool, fused: bool):
+def test_attention_matches_reference_outputs_and_gradients(
+    qk: str, kind: str, mup: bool, fused: bool, kernel: str
+):
     """Both ways of projecting q, k and v: three matmuls (CPU, eager, with QK-Norm) and the fused
-    one (elsewhere)."""
+    one (elsewhere); both attention kernels, SDPA and the per-head matmuls."""
     attn, x, valid, scale = _setup(qk, kind, mup)
     assert attn._separate_projections(x) == (qk != "none")  # CPU, eager: separate when QK-Norm is on
     if fused:
         attn._separate_projections = lambda x_BTD: False
+    attn.kernel = kernel
     assert attn.scale == pytest.approx(scale)
     out = attn(x, valid[:, None, None, :])
     want, _, _ = reference_attention(attn, x, valid, qk, kind, scale)
@@ -97,14 +102,17 @@ def test_separate_and_fused_projections_agree_on_the_kept_queries(qk: str, keep:
     g = torch.randn_like(x[:, keep])
     params = [x] + list(attn.parameters())
     got = {}
-    for fused in (False, True):
+    for fused, kernel in itertools.product((False, True), ("sdpa", "matmul")):
         attn._separate_projections = lambda x_BTD, fused=fused: not fused
+        attn.kernel = kernel
         out = attn(x, attend, keep)
-        got[fused] = (out, torch.autograd.grad((out * g).sum(), params))
+        got[fused, kernel] = (out, torch.autograd.grad((out * g).sum(), params))
         torch.testing.assert_close(out, attn(x, attend)[:, keep], rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(got[False][0], got[True][0], rtol=1e-9, atol=1e-10)
-    for a, b in zip(got[False][1], got[True][1]):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    first = got[False, "sdpa"]
+    for out, grads in got.values():
+        torch.testing.assert_close(out, first[0], rtol=1e-9, atol=1e-10)
+        for a, b in zip(grads, first[1]):
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
 
 def test_the_fused_projection_serves_compile_and_export(monkeypatch) -> None:
@@ -116,6 +124,58 @@ def test_the_fused_projection_serves_compile_and_export(monkeypatch) -> None:
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     assert not attn._separate_projections(x)
+
+
+def test_auto_takes_the_matmuls_on_cpu_in_eager_fp32_at_small_shapes(monkeypatch) -> None:
+    """``attention_kernel: auto``: per-head matmuls on CPU, eager, fp32, up to 64 tokens and 4
+    heads; SDPA in float64, under autocast, beyond either bound, and under compile or export.
+    ``sdpa`` and ``matmul`` hold everywhere."""
+    attn = Attention(RankerConfig(d_model=16, n_heads=MATMUL_MAX_HEADS))
+    x = torch.randn(2, MATMUL_MAX_TOKENS, 16)
+    assert attn._use_matmuls(x)
+    assert not attn._use_matmuls(x.double())
+    assert not attn._use_matmuls(torch.randn(2, MATMUL_MAX_TOKENS + 1, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not attn._use_matmuls(x)
+    assert not Attention(RankerConfig(d_model=16, n_heads=2 * MATMUL_MAX_HEADS))._use_matmuls(x)
+    attn.kernel = "sdpa"
+    assert not attn._use_matmuls(x)
+    attn.kernel = "auto"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not attn._use_matmuls(x)
+    attn.kernel = "matmul"
+    assert attn._use_matmuls(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert attn._use_matmuls(x)
+    attn.kernel = "auto"
+    assert not attn._use_matmuls(x)
+
+
+def test_a_bad_attention_kernel_is_named() -> None:
+    with pytest.raises(ValueError, match=r"attention_kernel='flash'; expected 'auto', 'sdpa' or 'matmul'"):
+        RankerConfig(attention_kernel="flash")
+
+
+def test_matmul_attention_equals_sdpa_in_fp32_with_and_without_a_mask_and_drops_its_weights() -> None:
+    """The training shapes in fp32: the last block's 2 queries over 56 keys, and every query; no
+    mask (every key valid) as well. Under dropout a kept weight is scaled by 1 / (1 - p), as SDPA's
+    math path does: with q = 0 (uniform weights) and v = 1, each output is the kept fraction of
+    weights over (1 - p), 1 in expectation."""
+    torch.manual_seed(0)
+    k, v = torch.randn(64, 2, 56, 32), torch.randn(64, 2, 56, 32)
+    attend = torch.rand(64, 1, 1, 56) > 0.3
+    attend[..., -2:] = True
+    for q in (torch.randn(64, 2, 2, 32), torch.randn(64, 2, 56, 32)):
+        for mask in (attend, None):
+            want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2)
+            got = matmul_attention(q, k, v, mask, 0.2)
+            torch.testing.assert_close(got, want.transpose(1, 2).flatten(2), rtol=1e-5, atol=1e-6)
+    out = matmul_attention(
+        torch.zeros(64, 2, 56, 32), k, torch.ones(64, 2, 56, 32), None, 0.2, dropout_p=0.25
+    )
+    assert out.mean().item() == pytest.approx(1.0, abs=0.01)
+    assert (out - 1).abs().max() > 0.05  # a mask per weight, not per output
 
 
 @pytest.mark.parametrize("qk", ["none", "head"])

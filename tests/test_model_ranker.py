@@ -425,3 +425,20 @@ def test_older_history_mean_is_one_token_of_the_valid_older_events(content: str)
     torch.testing.assert_close(compiled(batch), ranker(batch), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="history_older='sum'; expected 'drop' or 'mean'"):
         RankerConfig(history_older="sum")
+
+
+@pytest.mark.parametrize("n_heads", [2, 4])
+def test_the_matmul_attention_kernel_trains_as_sdpa_does(n_heads: int) -> None:
+    """The default's kernel on CPU (``attention_kernel: auto`` takes the per-head matmuls in fp32)
+    gives SDPA's logits and gradients, padding and the last block's kept queries included."""
+    torch.manual_seed(0)
+    batch = random_batch(tiny_dims(), batch_size=8)
+    got = {}
+    for kernel in ("sdpa", "auto"):
+        ranker = _ranker(n_heads=n_heads, n_layers=2, attention_kernel=kernel).train()
+        assert ranker.blocks[0].attn._use_matmuls(torch.zeros(1, ranker.n_tokens, 16)) == (kernel == "auto")
+        logit = ranker(batch)
+        got[kernel] = (logit, torch.autograd.grad(logit.square().sum(), list(ranker.parameters())))
+    torch.testing.assert_close(got["auto"][0], got["sdpa"][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(got["auto"][1], got["sdpa"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -250,19 +250,30 @@ def test_cross_hidden_refuses_what_it_cannot_build(kw, match):
         RankerConfig(d_model=16, n_heads=2, **kw)
 
 
-def test_attention_dropout_defaults_to_dropout_and_can_leave_the_weights_alone():
+@pytest.mark.parametrize("kernel", ["sdpa", "matmul"])
+def test_attention_dropout_defaults_to_dropout_and_can_leave_the_weights_alone(kernel):
+    """Both attention kernels get the weights' dropout rate, 0 here, while the branches drop."""
+    from recformer.model import attention as attention_module
+
     assert RankerConfig(d_model=16, n_heads=2, dropout=0.2).attention_dropout_p == 0.2
     cfg = RankerConfig(d_model=16, n_heads=2, dropout=0.2, attention_dropout=0.0)
     assert cfg.attention_dropout_p == 0.0 and cfg.dropout == 0.2
     with pytest.raises(ValueError, match=r"attention_dropout=1.0 must be in \[0, 1\)"):
         RankerConfig(d_model=16, n_heads=2, attention_dropout=1.0)
-    ranker, batch = _ranker(dropout=0.2, attention_dropout=0.0)
+    ranker, batch = _ranker(dropout=0.2, attention_dropout=0.0, attention_kernel=kernel)
     seen: list[float] = []
-    real = torch.nn.functional.scaled_dot_product_attention
+    real_sdpa, real_matmul = (
+        torch.nn.functional.scaled_dot_product_attention,
+        attention_module.matmul_attention,
+    )
 
-    def spy(*args, **kwargs):
+    def spy_sdpa(*args, **kwargs):
         seen.append(kwargs["dropout_p"])
-        return real(*args, **kwargs)
+        return real_sdpa(*args, **kwargs)
+
+    def spy_matmul(*args, **kwargs):
+        seen.append(args[5])
+        return real_matmul(*args, **kwargs)
 
     attention = ranker.blocks[0].attn
     assert (attention.dropout, attention.attention_dropout) == (0.2, 0.0)
@@ -270,9 +281,10 @@ def test_attention_dropout_defaults_to_dropout_and_can_leave_the_weights_alone()
         ranker.head.out.weight.normal_()  # the readout starts at zero: every logit the same
     ranker.train()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_sdpa)
+        mp.setattr(attention_module, "matmul_attention", spy_matmul)
         out_a, out_b = ranker(batch), ranker(batch)
-    assert seen and set(seen) == {0.0}  # the fused kernel's path: no dropout on the weights
+    assert len(seen) == 2 * len(ranker.blocks) and set(seen) == {0.0}  # no dropout on the weights
     assert (out_a - out_b).abs().max() > 1e-4  # the residual branches still drop
 
 

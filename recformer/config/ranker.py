@@ -134,6 +134,13 @@ class RankerConfig:
     """Dropout on the attention weights; None: ``dropout``. On CPU any attention dropout sends SDPA
     from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
     2x; docs/quality.md), while dropout on the residual branches alone keeps the fused kernel."""
+    attention_kernel: Literal["auto", "sdpa", "matmul"] = "auto"
+    """How ``forward`` (training and serving, not the stats path) computes attention: ``sdpa``
+    (``F.scaled_dot_product_attention``), or ``matmul``: per head, the logits from one batched
+    matmul that adds the key mask, a softmax and a second matmul (``model/attention.py``), the math
+    of SDPA's fallback without its copies. ``auto``: ``matmul`` on CPU in eager fp32 (no autocast,
+    not compiled or exported) at up to 64 tokens and 8 heads, where it ran faster than SDPA's fused
+    CPU kernel forward and backward (``bench/bench_attention.py``); ``sdpa`` elsewhere."""
     base_rate: float = 0.5
     """Label base rate; the head bias starts at its log-odds."""
 
@@ -228,6 +235,10 @@ class RankerConfig:
             raise ValueError(f"history_tokens={self.history_tokens} must be >= 0 (0 = every history event)")
         if self.history_older not in ("drop", "mean"):
             raise ValueError(f"history_older={self.history_older!r}; expected 'drop' or 'mean'")
+        if self.attention_kernel not in ("auto", "sdpa", "matmul"):
+            raise ValueError(
+                f"attention_kernel={self.attention_kernel!r}; expected 'auto', 'sdpa' or 'matmul'"
+            )
         if self.history_pool not in ("mean", "target"):
             raise ValueError(f"history_pool={self.history_pool!r}; expected 'mean' or 'target'")
         if self.history_pool == "target" and not (self.fm or self.cross_layers or self.head_fields):

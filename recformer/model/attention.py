@@ -4,9 +4,10 @@ Shape suffixes: the legend in ``recformer/__init__.py``.
 
 Two paths share the projections (``_project``):
 
-- ``forward`` (training): ``F.scaled_dot_product_attention`` with the boolean key-padding mask. No
-  hooks, no ``.item()``, no branching on tensor values, so ``ranker.compile()`` captures it in one
-  graph.
+- ``forward`` (training): ``F.scaled_dot_product_attention`` with the boolean key-padding mask, or
+  on CPU at the small shapes where it is faster (``RankerConfig.attention_kernel``), per head two
+  batched matmuls around a softmax (``matmul_attention``). No hooks, no ``.item()``, no branching
+  on tensor values, so ``ranker.compile()`` captures it in one graph.
 - ``explicit`` (the stats path, always eager): the logits are formed as ``q k^T`` so that the max
   logit and the attention entropy can be read, which the fused kernel never materialises; they are
   returned with the update (``AttentionStats``).
@@ -25,6 +26,51 @@ from recformer.model.dropout import branch_dropout
 from recformer.model.mup import attention_scale
 from recformer.model.norms import QKNorm
 from recformer.model.token_params import TokenLayout, specific_weight, token_linear
+
+MATMUL_MAX_TOKENS = 64
+"""``attention_kernel: auto`` takes ``matmul_attention`` up to this many tokens (keys) ..."""
+MATMUL_MAX_HEADS = 8
+"""... and this many heads (``Attention._use_matmuls``; more were not measured)."""
+
+
+def matmul_attention(
+    q_BNQH: torch.Tensor,
+    k_BNTH: torch.Tensor,
+    v_BNTH: torch.Tensor,
+    attend_B11T: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Attention as SDPA computes it, per head from two batched matmuls; the heads' outputs [B, Q, D].
+
+    Each head reads its [B, *, H] slices of q, k and v in place (strided views of the projections'
+    [B, T, D] outputs, which BLAS takes as they are), so nothing is copied into SDPA's [B, N, T, H]
+    layout, forward or backward. The key mask enters as an additive 0 / -inf bias inside the
+    logits' matmul (``baddbmm``), with the scale, so the [B, Q, T] logits are written once. Dropout
+    on the weights as SDPA's math path applies it. Every query must have a valid key (the rankers'
+    CLS and target always are), or its softmax is NaN."""
+    bias_B1T = None
+    if attend_B11T is not None:
+        bias_B1T = torch.zeros(
+            attend_B11T.shape[0], 1, attend_B11T.shape[-1], dtype=q_BNQH.dtype, device=q_BNQH.device
+        )
+        bias_B1T = bias_B1T.masked_fill(~attend_B11T[:, 0], float("-inf"))
+    heads = []
+    # unbind over the heads of [B, *, N, H] (the projections' own layout): its backward stacks the
+    # heads' gradients into that layout in one copy, where indexing each head would zero-fill and
+    # add a full-size gradient per head.
+    per_head = (t.transpose(1, 2).unbind(2) for t in (q_BNQH, k_BNTH, v_BNTH))
+    for q_BQH, k_BTH, v_BTH in zip(*per_head):
+        k_BHT = k_BTH.transpose(1, 2)
+        if bias_B1T is None:
+            logit_BQT = torch.bmm(q_BQH, k_BHT) * scale
+        else:
+            logit_BQT = torch.baddbmm(bias_B1T, q_BQH, k_BHT, alpha=scale)
+        p_BQT = torch.softmax(logit_BQT, dim=-1)
+        if dropout_p > 0:
+            p_BQT = F.dropout(p_BQT, dropout_p)
+        heads.append(torch.bmm(p_BQT, v_BTH))
+    return torch.cat(heads, dim=-1)
 
 
 @dataclass
@@ -62,6 +108,7 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout if cfg.dropout_branches == "both" else 0.0  # on the output (the branch)
         self.dropout_mask = cfg.dropout_mask
         self.attention_dropout = cfg.attention_dropout_p  # on the weights
+        self.kernel = cfg.attention_kernel
 
     def forward(
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None, keep: slice | None = None
@@ -72,15 +119,30 @@ class Attention(nn.Module):
         ``keep``, keys and values still come from all T tokens but queries only from the kept ones.
         """
         q_BNQH, k_BNTH, v_BNTH = self._project(x_BTD, keep)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        if self._use_matmuls(x_BTD):
+            o_BQD = matmul_attention(q_BNQH, k_BNTH, v_BNTH, attend_B11T, self.scale, dropout_p)
+            return self._project_out(o_BQD, keep)
         o_BNQH = F.scaled_dot_product_attention(
-            q_BNQH,
-            k_BNTH,
-            v_BNTH,
-            attn_mask=attend_B11T,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-            scale=self.scale,
+            q_BNQH, k_BNTH, v_BNTH, attn_mask=attend_B11T, dropout_p=dropout_p, scale=self.scale
         )
         return self._output(o_BNQH, keep)
+
+    def _use_matmuls(self, x_BTD: torch.Tensor) -> bool:
+        """Whether ``forward`` takes ``matmul_attention`` rather than SDPA (``attention_kernel``).
+
+        ``auto`` takes the matmuls on CPU, eager, in fp32, at up to ``MATMUL_MAX_TOKENS`` tokens and
+        ``MATMUL_MAX_HEADS`` heads, where SDPA's fused CPU kernel was level or slower forward and
+        backward and the default's whole training step ran 1.08x as fast with the matmuls; beyond
+        them SDPA won (``bench/bench_attention.py``'s header, 2026-12-07, 2 threads). Elsewhere
+        (GPU, bf16 autocast, compile, export) SDPA, whose kernels and fusions win there."""
+        if self.kernel != "auto":
+            return self.kernel == "matmul"
+        if x_BTD.device.type != "cpu" or x_BTD.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return False
+        if x_BTD.shape[1] > MATMUL_MAX_TOKENS or self.n_heads > MATMUL_MAX_HEADS:
+            return False
+        return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
     def explicit(
         self, x_BTD: torch.Tensor, attend_B11T: torch.Tensor | None
@@ -164,7 +226,10 @@ class Attention(nn.Module):
 
     def _output(self, o_BNQH: torch.Tensor, keep: slice | None) -> torch.Tensor:
         B, _, Q, _ = o_BNQH.shape
-        o_BQD = o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model)
+        return self._project_out(o_BNQH.transpose(1, 2).reshape(B, Q, self.d_model), keep)
+
+    def _project_out(self, o_BQD: torch.Tensor, keep: slice | None) -> torch.Tensor:
+        """The heads' outputs, concatenated as [B, Q, D], through ``out``; the branch's dropout."""
         y_BQD = token_linear(o_BQD, self.out.weight, self.out_specific, self.layout, keep)
         return branch_dropout(y_BQD, self.dropout, self.training, self.dropout_mask)
 
