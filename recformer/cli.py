@@ -185,9 +185,17 @@ class _OneLineErrors(LightningArgumentParser):
         self.exit(2)
 
 
-RUNTIME_SETTINGS = ("compile", "auc_exact_max_rows")
-"""Model settings that do not change what a checkpoint computes: given with ``--ckpt_path`` they
-apply; every other ``model.*`` setting comes from the checkpoint."""
+RUNTIME_SETTINGS = ("compile", "auc_exact_max_rows", "ranker.attention_kernel")
+"""Model settings that do not change what a checkpoint computes (how it is run: compiled, the
+attention's kernel; the exact AUC's bound): given with ``--ckpt_path`` they apply; every other
+``model.*`` setting comes from the checkpoint."""
+
+
+def is_runtime_setting(key: str) -> bool:
+    """``key`` (dotted, under ``model.``) is one of ``RUNTIME_SETTINGS`` or inside one."""
+    return any(key == name or key.startswith(name + ".") for name in RUNTIME_SETTINGS)
+
+
 _CKPT_KEYWORDS = ("last", "best", "hpc", "registry")
 """``ckpt_path`` values Lightning resolves itself."""
 
@@ -253,9 +261,7 @@ class RecformerCLI(LightningCLI):
         clashes = [
             f"--model.{key}={value!r} (the checkpoint's: {saved[key]!r})"
             for key, value in given.items()
-            if key.split(".")[0] not in RUNTIME_SETTINGS
-            and key in saved
-            and _plain(value) != _plain(saved[key])
+            if not is_runtime_setting(key) and key in saved and _plain(value) != _plain(saved[key])
         ]
         if clashes:
             fresh = "; or train a new model without --ckpt_path" if sub == "fit" else ""
@@ -265,8 +271,8 @@ class RecformerCLI(LightningCLI):
                 f"them{fresh}"
             )
         self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
-        for key, value in given.items():  # compile, auc_exact_max_rows: the user's value applies
-            if key.split(".")[0] in RUNTIME_SETTINGS:
+        for key, value in given.items():  # compile, the attention kernel...: the user's value applies
+            if is_runtime_setting(key):
                 self.config[sub]["model"][key] = value
 
     def _resolve_last(self, sub: str) -> str | None:

@@ -245,11 +245,17 @@ def flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def comparable(config: Any) -> dict[str, Any]:
-    """A dumped config without what names a run rather than what it computes."""
+    """A dumped config without what names a run rather than what it computes, nor the attention
+    kernel (``model.ranker.attention_kernel``: how it computes)."""
     config = dict(config or {})
     config.pop("ckpt_path", None)
     trainer = dict(config.get("trainer") or {})
     for key in ("logger", "default_root_dir"):
         trainer.pop(key, None)
     config["trainer"] = trainer
+    model = config.get("model")
+    if isinstance(model, dict) and isinstance(model.get("ranker"), dict):
+        # How attention is computed, not what; absent from the configs of runs before 2026-12-07.
+        ranker = {k: v for k, v in model["ranker"].items() if k != "attention_kernel"}
+        config["model"] = {**model, "ranker": ranker}
     return config

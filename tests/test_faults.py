@@ -566,11 +566,13 @@ def test_a_runtime_setting_given_with_a_checkpoint_applies(reference, trained, t
     args = ["validate", TINY, f"--data.data_dir={reference[0]}", "--trainer.accelerator=cpu"]
     args += [
         "--model.auc_exact_max_rows=7",
+        "--model.ranker.attention_kernel=sdpa",
         f"--ckpt_path={trained}",
         f"--trainer.default_root_dir={tmp_path}",
     ]
     cli = cli_main(args)
     assert cli.model.hparams.auc_exact_max_rows == 7  # the checkpoint had the default (1M)
+    assert cli.model.ranker.blocks[0].attn.kernel == "sdpa"  # and "auto"
 
 
 def test_evaluate_refuses_to_replace_a_file(reference, trained, tmp_path, capsys):

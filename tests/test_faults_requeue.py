@@ -165,3 +165,15 @@ def test_a_requeue_that_cannot_resume_exactly_says_why_in_one_line(reference, tm
     (line,) = [x for x in again.stderr.splitlines() if x.startswith("recformer fit: error:")]
     assert "cannot resume the training stream exactly" in line and "'rows': (515, 470)" in line, line
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == before and runs(tmp_path) == [run]
+
+
+def test_a_config_from_before_the_attention_kernel_is_the_same_run():
+    """``fit --ckpt_path last`` finds a run by its config: the attention kernel (how attention is
+    computed; absent from configs written before it existed) does not make a run another."""
+    from recformer.resume import comparable
+
+    then = {"ckpt_path": "last", "model": {"ranker": {"d_model": 64}}, "trainer": {"logger": []}}
+    now = {"model": {"ranker": {"d_model": 64, "attention_kernel": "sdpa"}}, "trainer": {}}
+    assert comparable(then) == comparable(now)
+    assert comparable({"model": {"ranker": {"d_model": 32}}, "trainer": {}}) != comparable(then)
+    assert then["model"]["ranker"] == {"d_model": 64} and "ckpt_path" in then  # the caller's left whole

@@ -127,7 +127,7 @@ def test_the_fused_projection_serves_compile_and_export(monkeypatch) -> None:
 
 
 def test_auto_takes_the_matmuls_on_cpu_in_eager_fp32_at_small_shapes(monkeypatch) -> None:
-    """``attention_kernel: auto``: per-head matmuls on CPU, eager, fp32, up to 64 tokens and 4
+    """``attention_kernel: auto``: per-head matmuls on CPU, eager, fp32, up to 64 tokens and 8
     heads; SDPA in float64, under autocast, beyond either bound, and under compile or export.
     ``sdpa`` and ``matmul`` hold everywhere."""
     attn = Attention(RankerConfig(d_model=16, n_heads=MATMUL_MAX_HEADS))
@@ -176,6 +176,43 @@ def test_matmul_attention_equals_sdpa_in_fp32_with_and_without_a_mask_and_drops_
     )
     assert out.mean().item() == pytest.approx(1.0, abs=0.01)
     assert (out - 1).abs().max() > 0.05  # a mask per weight, not per output
+
+
+@pytest.mark.parametrize(
+    "mask",
+    ["per head and query", "shared by the batch", "additive", "three dims"],
+)
+def test_matmul_attention_takes_every_mask_sdpa_takes(mask: str) -> None:
+    """Masks other than the rankers' boolean [B, 1, 1, T]: a boolean per head and query, one row for
+    the whole batch, an additive float mask, one of fewer dims (broadcast from the right)."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(4, 3, 5, 8), torch.randn(4, 3, 7, 8), torch.randn(4, 3, 7, 8)
+    attend = {
+        "per head and query": torch.rand(4, 3, 5, 7) > 0.4,
+        "shared by the batch": torch.rand(1, 1, 1, 7) > 0.4,
+        "additive": torch.randn(4, 1, 5, 7),
+        "three dims": torch.rand(1, 5, 7) > 0.4,
+    }[mask]
+    if attend.dtype == torch.bool:
+        attend[..., 0] = True  # every query has a key
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=0.3)
+    got = matmul_attention(q, k, v, attend, 0.3)
+    torch.testing.assert_close(got, want.transpose(1, 2).flatten(2), rtol=1e-5, atol=1e-6)
+
+
+def test_forced_matmul_attention_keeps_its_softmax_in_fp32_under_bf16() -> None:
+    """``attention_kernel: matmul`` with bf16 inputs: the softmax in fp32 as SDPA's, so its error
+    against a float64 reference is no worse than SDPA's own."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(16, 2, 56, 32, dtype=torch.float64) * 2 for _ in range(3))
+    attend = torch.rand(16, 1, 1, 56) > 0.3
+    attend[..., 0] = True
+    exact = matmul_attention(q, k, v, attend, 32**-0.5)
+    bf = [t.bfloat16() for t in (q, k, v)]
+    ours = matmul_attention(*bf, attend, 32**-0.5).double()
+    sdpa = torch.nn.functional.scaled_dot_product_attention(*bf, attn_mask=attend, scale=32**-0.5)
+    sdpa = sdpa.transpose(1, 2).flatten(2).double()
+    assert (ours - exact).abs().max() <= 1.5 * (sdpa - exact).abs().max()
 
 
 @pytest.mark.parametrize("qk", ["none", "head"])

@@ -135,7 +135,8 @@ class RankerConfig:
     from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
     2x; docs/quality.md), while dropout on the residual branches alone keeps the fused kernel."""
     attention_kernel: Literal["auto", "sdpa", "matmul"] = "auto"
-    """How ``forward`` (training and serving, not the stats path) computes attention: ``sdpa``
+    """How ``forward`` (training, eager evaluation and prediction; not the stats path, and not an
+    exported model, which always has SDPA) computes attention: ``sdpa``
     (``F.scaled_dot_product_attention``), or ``matmul``: per head, the logits from one batched
     matmul that adds the key mask, a softmax and a second matmul (``model/attention.py``), the math
     of SDPA's fallback without its copies. ``auto``: ``matmul`` on CPU in eager fp32 (no autocast,

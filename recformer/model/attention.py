@@ -43,34 +43,50 @@ def matmul_attention(
 ) -> torch.Tensor:
     """Attention as SDPA computes it, per head from two batched matmuls; the heads' outputs [B, Q, D].
 
-    Each head reads its [B, *, H] slices of q, k and v in place (strided views of the projections'
-    [B, T, D] outputs, which BLAS takes as they are), so nothing is copied into SDPA's [B, N, T, H]
-    layout, forward or backward. The key mask enters as an additive 0 / -inf bias inside the
-    logits' matmul (``baddbmm``), with the scale, so the [B, Q, T] logits are written once. Dropout
-    on the weights as SDPA's math path applies it. Every query must have a valid key (the rankers'
-    CLS and target always are), or its softmax is NaN."""
-    bias_B1T = None
-    if attend_B11T is not None:
-        bias_B1T = torch.zeros(
-            attend_B11T.shape[0], 1, attend_B11T.shape[-1], dtype=q_BNQH.dtype, device=q_BNQH.device
+    Each head reads its [B, *, H] slices of q, k and v as strided views of the projections' [B, T,
+    N, H] layout, which the batched matmuls take as they are; the backward stacks the heads'
+    gradients back into that layout in one copy, and the heads' outputs are concatenated in
+    another. ``attend_B11T`` is SDPA's ``attn_mask``: boolean (True: attend) or additive, shaped to
+    broadcast against [B, N, Q, T]; it enters as an additive bias inside the logits' matmul
+    (``baddbmm``), with the scale, so the [B, Q, T] logits are written once. bf16 or fp16 inputs
+    are computed in fp32 (autocast off), as SDPA's CPU kernels accumulate them. Dropout on the
+    weights as SDPA's math path applies it. A query with no valid key gets NaN (SDPA: zeros); the
+    rankers' CLS and target are always valid."""
+    dtype = q_BNQH.dtype
+    work = torch.promote_types(dtype, torch.float32)  # bf16 / fp16 inputs: computed in fp32
+    with torch.autocast(q_BNQH.device.type, enabled=False):
+        q_BNQH, k_BNTH, v_BNTH = (t.to(work) for t in (q_BNQH, k_BNTH, v_BNTH))
+        bias_BNQT = None if attend_B11T is None else _key_bias(attend_B11T, work)
+        heads = []
+        # unbind over the heads of [B, *, N, H] (the projections' own layout): its backward stacks
+        # the heads' gradients into that layout in one copy, where indexing each head would
+        # zero-fill and add a full-size gradient per head.
+        per_head = (t.transpose(1, 2).unbind(2) for t in (q_BNQH, k_BNTH, v_BNTH))
+        for n, (q_BQH, k_BTH, v_BTH) in enumerate(zip(*per_head)):
+            k_BHT = k_BTH.transpose(1, 2)
+            if bias_BNQT is None:
+                logit_BQT = torch.bmm(q_BQH, k_BHT) * scale
+            else:  # this head's mask, or the one every head shares
+                bias_BQT = bias_BNQT[:, n if bias_BNQT.shape[1] > 1 else 0]
+                logit_BQT = torch.baddbmm(bias_BQT, q_BQH, k_BHT, alpha=scale)
+            p_BQT = torch.softmax(logit_BQT, dim=-1)
+            if dropout_p > 0:
+                p_BQT = F.dropout(p_BQT, dropout_p)
+            heads.append(torch.bmm(p_BQT, v_BTH))
+        return torch.cat(heads, dim=-1).to(dtype)
+
+
+def _key_bias(attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SDPA's ``attn_mask`` as an additive [B | 1, N | 1, Q | 1, T] bias: 0 / -inf for a boolean one."""
+    if attend.dtype == torch.bool:
+        bias = torch.zeros(attend.shape, dtype=dtype, device=attend.device).masked_fill(
+            ~attend, float("-inf")
         )
-        bias_B1T = bias_B1T.masked_fill(~attend_B11T[:, 0], float("-inf"))
-    heads = []
-    # unbind over the heads of [B, *, N, H] (the projections' own layout): its backward stacks the
-    # heads' gradients into that layout in one copy, where indexing each head would zero-fill and
-    # add a full-size gradient per head.
-    per_head = (t.transpose(1, 2).unbind(2) for t in (q_BNQH, k_BNTH, v_BNTH))
-    for q_BQH, k_BTH, v_BTH in zip(*per_head):
-        k_BHT = k_BTH.transpose(1, 2)
-        if bias_B1T is None:
-            logit_BQT = torch.bmm(q_BQH, k_BHT) * scale
-        else:
-            logit_BQT = torch.baddbmm(bias_B1T, q_BQH, k_BHT, alpha=scale)
-        p_BQT = torch.softmax(logit_BQT, dim=-1)
-        if dropout_p > 0:
-            p_BQT = F.dropout(p_BQT, dropout_p)
-        heads.append(torch.bmm(p_BQT, v_BTH))
-    return torch.cat(heads, dim=-1)
+    else:
+        bias = attend.to(dtype)
+    while bias.dim() < 4:  # SDPA broadcasts a mask of fewer dims from the right
+        bias = bias[None]
+    return bias
 
 
 @dataclass
