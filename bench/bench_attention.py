@@ -21,10 +21,12 @@ queries / the last block's 2; ``python bench/bench_attention.py``): 2 heads: 16 
 heads were unbound, each indexed, whose backward zero-fills a full-size gradient per head: 8 heads
 lost 0.83-0.94 at 56 tokens, and the default's step copied 4.3 ms against 1.4.) In the whole
 training step (``python bench/bench_throughput.py --chosen bench/out/quality/chosen.json --archs
-transformer bst --options "SDPA attention" --steps 100``) the default ran 1.09x and 1.08x as fast
-with the matmuls as with SDPA in two runs (2,931 against 2,695 and 3,475 against 3,206 samples/s),
-and BST's step (4 heads of 16, 51 tokens, attention dropout 0.3, which sends SDPA to its math
-path) 1.07x (1,512 against 1,407, its own SDPA row beside it).
+transformer bst --options "SDPA attention" --steps 100``, while the default Transformer was on
+``auto``; since it sets ``sdpa``, ``--options "matmul attention"``) the default ran 1.09x and 1.08x
+as fast with the matmuls as with SDPA in two runs (2,931 against 2,695 and 3,475 against 3,206
+samples/s), and BST's step (4 heads of 16, 51 tokens, attention dropout 0.3, which sends SDPA to
+its math path) 1.07x (1,512 against 1,407, its own SDPA row beside it). The default Transformer
+keeps SDPA all the same: its fits with the matmuls scored lower on validation (docs/levers.md).
 """
 
 from __future__ import annotations

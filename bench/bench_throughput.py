@@ -59,6 +59,7 @@ OPTIONS = {
     "history tokens 40, older mean": {"ranker": {"history_tokens": 40, "history_older": "mean"}},
     "history tokens 32, older dropped": {"ranker": {"history_tokens": 32, "history_older": "drop"}},
     "SDPA attention": {"ranker": {"attention_kernel": "sdpa"}},
+    "matmul attention": {"ranker": {"attention_kernel": "matmul"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }
@@ -67,8 +68,9 @@ OPTIONS = {
 own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml`` had until
 2026-12-02, dropout with and without its share on the attention weights (on the MLP branch alone,
 ``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``; without
-QK-Norm), a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one), and SDPA's kernel
-instead of the per-head matmuls ``attention_kernel: auto`` takes on CPU."""
+QK-Norm), a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one), and either
+attention kernel (SDPA's, or the per-head matmuls ``attention_kernel: auto`` takes on CPU; the
+default Transformer sets ``sdpa``)."""
 
 
 BF16 = " bf16-mixed"

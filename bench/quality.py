@@ -88,6 +88,10 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   Transformer test AUC 0.8154 ± 0.0010, GAUC 0.6841 (0.6875, 0.6820, 0.6827: the best baseline
   + 0.005 on every seed), paired against DIN +0.0003, +0.0009, +0.0004; 2,492 samples/s, 1.90x
   BST (1,312), 1.91x in a rerun.
+- 2026-12-07, the attention kernel (``model.ranker.attention_kernel``): the default on ``auto``
+  (per-head matmuls on CPU) scored -0.0105, -0.0076, -0.0076 of val AUC + GAUC under the seventh
+  table, so it keeps ``sdpa`` and its runs came out the seventh's; BST on the matmuls: test AUC
+  0.8045 ± 0.0014, GAUC 0.6274; the Transformer 2,735 samples/s, 1.86x BST (1,471).
 """
 
 from __future__ import annotations
