@@ -18,6 +18,9 @@ import yaml
 from recformer.metric_names import VAL_SCORE
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAINER_CONFIG = ROOT / "configs" / "trainer.yaml"
+"""The CLI's default config (``recformer.cli.DEFAULT_TRAINER_CONFIG``): its callbacks are every
+fit's unless a config replaces the list."""
 METRICS = ("auc", "auc_lo", "auc_hi", "gauc", "gauc_groups", "logloss", "ne", "calibration", "rows")
 """The fields of ``recformer evaluate``'s JSON a bench row keeps."""
 
@@ -117,8 +120,10 @@ def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
         key, _, value = arg.removeprefix("--").partition("=")
         want[key] = _scalar(value)
     have = _leaves(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
-    differ = []
+    differ = _callbacks_missing(want, have)
     for key, value in want.items():
+        if key == "trainer.callbacks":  # a config's own list: _callbacks_missing compared it
+            continue
         if key.endswith("+"):  # an appended callback: one of the run's, same class and arguments
             item = {"class_path": value} if isinstance(value, str) else value
             found = [c for c in have.get(key[:-1]) or [] if c.get("class_path") == item["class_path"]]
@@ -130,6 +135,29 @@ def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
         if not ok:
             differ.append(f"{key}: {value!r}, the run {have.get(key, 'unset')!r}")
     return differ
+
+
+def _callbacks_missing(want: dict[str, object], have: dict[str, object]) -> list[str]:
+    """The callbacks a fit under ``want`` starts with (``TRAINER_CONFIG``'s list, or the list a
+    config replaces it with), each with its arguments less those ``--trainer.callbacks.NAME`` sets
+    on the last one, that the run's saved list lacks: a run made before ``configs/trainer.yaml``
+    changed (the early-stopping patience, the averaging window) is another point."""
+    listed = want.get("trainer.callbacks")
+    if listed is None:
+        trainer = (yaml.safe_load(TRAINER_CONFIG.read_text()) or {}).get("trainer") or {}
+        listed = trainer.get("callbacks") or []
+    set_on_last = {key.rsplit(".", 1)[1] for key in want if key.startswith("trainer.callbacks.")}
+    saved = have.get("trainer.callbacks") or []
+    missing = []
+    for i, callback in enumerate(listed):
+        item = {"class_path": callback} if isinstance(callback, str) else callback
+        args = dict(item.get("init_args") or {})
+        if i == len(listed) - 1:
+            args = {k: v for k, v in args.items() if k not in set_on_last}
+        same_class = [c for c in saved if c.get("class_path") == item["class_path"]]
+        if not any(args.items() <= (c.get("init_args") or {}).items() for c in same_class):
+            missing.append(f"trainer.callbacks: {item['class_path']} {args}, not among the run's")
+    return missing
 
 
 def _last_callback_has(callbacks: list[dict], name: str, value: object) -> bool:

@@ -6,8 +6,9 @@ validation only (the test split is not read):
     python bench/levers.py --seeds 0 1 2            # several seeds each (paired by seed)
 
 Each variant is ``recformer fit`` of the file's ``config`` with the variant's extra arguments, at
-one torch thread, up to ``epochs`` epochs with early stopping on validation AUC (patience 2
-validations, configs/trainer.yaml), validated every half epoch. A row gives the validation AUC and
+one torch thread, up to ``epochs`` epochs with early stopping on validation AUC (configs/trainer.yaml:
+patience 4 validations since 2026-12-07, 2 before: every spec measured before then ran at 2),
+validated every half epoch. A row gives the validation AUC and
 GAUC of the kept checkpoint (best by their sum since 2026-12-06, by AUC before), the best GAUC of
 the run (at whichever validation), the kept checkpoint's epoch and whether the run stopped at the
 cap. Finished fits are

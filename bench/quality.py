@@ -191,8 +191,9 @@ def record_fit(arch: str, grid: dict, setting: dict, seed: int, run_dir: Path, s
         "best_step": int(float(best["step"])),
         "validations": len(val),
         "best_validation": val.index(best) + 1,
-        # Early stopping ends a run 2 validations after its best; one that ran to the cap with
-        # its best among its last 2 validations might have improved with more epochs.
+        # Early stopping ends a run `patience` validations after its best (configs/trainer.yaml);
+        # one that ran to the cap with its best among its last 2 validations might have improved
+        # with more epochs.
         "hit_cap": epochs_run >= grid["epochs"] and val.index(best) >= len(val) - 2,
         "fit_seconds": round(seconds, 1),
     }

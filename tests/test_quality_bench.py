@@ -222,6 +222,9 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
         raise AssertionError("rerun")
 
     monkeypatch.setattr(q.cli_runs, "fit", fake_fit)
+    trainer = tmp_path / "trainer.yaml"
+    trainer.write_text("trainer:\n  max_epochs: 20\n")  # no callbacks of its own: test_...callbacks below
+    monkeypatch.setattr(q.cli_runs, "TRAINER_CONFIG", trainer)
     assert q.fit("t", grid, {"model.optim.lr": 3e-05}, 0, tmp_path) == {"cached": True}
     preset.write_text("model:\n  ranker:\n    d_model: 16\n    cross_layers: 1\n")  # the preset changed
     args = ["--data.data_dir=d", "--seed_everything=0", "--trainer.max_epochs=3", "--model.optim.lr=3e-05"]
@@ -245,6 +248,45 @@ def test_a_cached_run_of_another_preset_is_set_aside_and_rerun(tmp_path, monkeyp
     assert (aside / "version_0" / "done.json").is_file() and not run.exists()
     assert (aside / f"{name}-vs-other-seed0.json").is_file()
     assert (tmp_path / "paired" / f"{name}0-vs-other-seed0.json").is_file()
+
+
+def test_a_cached_run_under_other_trainer_callbacks_is_stale(tmp_path, monkeypatch):
+    """configs/trainer.yaml's callbacks belong to every fit: a run saved with another early-stopping
+    patience is another point; a --trainer.callbacks.NAME override of the last callback and a
+    config that replaces the list are read as the CLI reads them."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import cli_runs  # noqa: PLC0415 (bench/ is on the path from here)
+
+    trainer = tmp_path / "trainer.yaml"
+    stop = {"class_path": "l.EarlyStopping", "init_args": {"monitor": "val/auc", "patience": 4}}
+    average = {"class_path": "r.Average", "init_args": {"window": 6}}
+    trainer.write_text(yaml.safe_dump({"trainer": {"callbacks": [stop, average]}}))
+    monkeypatch.setattr(cli_runs, "TRAINER_CONFIG", trainer)
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def saved(patience: int, window: int) -> None:
+        init = {"monitor": "val/auc", "patience": patience, "mode": "max"}  # saved: every argument
+        callbacks = [
+            {"class_path": "l.EarlyStopping", "init_args": init},
+            {"class_path": "r.Average", "init_args": {"window": window}},
+        ]
+        (run / "config.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+
+    saved(4, 6)
+    assert cli_runs.stale(run, [], []) == []
+    saved(2, 6)
+    assert cli_runs.stale(run, [], []) == [
+        "trainer.callbacks: l.EarlyStopping {'monitor': 'val/auc', 'patience': 4}, not among the run's"
+    ]
+    saved(4, 1)
+    assert cli_runs.stale(run, [], []) != []
+    assert cli_runs.stale(run, [], ["--trainer.callbacks.window=1"]) == []
+    assert cli_runs.stale(run, [], ["--trainer.callbacks.window=3"]) != []
+    saved(2, 6)  # a config's own list replaces trainer.yaml's
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump({"trainer": {"callbacks": [{**stop, "init_args": {"patience": 2}}]}}))
+    assert cli_runs.stale(run, [str(own)], []) == []
 
 
 def test_choose_where_keeps_the_best_point_that_has_the_settings(monkeypatch):
