@@ -92,6 +92,10 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   (per-head matmuls on CPU) scored -0.0105, -0.0076, -0.0076 of val AUC + GAUC under the seventh
   table, so it keeps ``sdpa`` and its runs came out the seventh's; BST on the matmuls: test AUC
   0.8045 ± 0.0014, GAUC 0.6274; the Transformer 2,735 samples/s, 1.86x BST (1,471).
+- 2026-12-07, early stopping's patience 4 validations (two epochs) for every model: the
+  Transformer test AUC 0.8153 ± 0.0011, GAUC 0.6847 (0.6875, 0.6820, 0.6846: the best baseline
+  + 0.0117, + 0.0069, + 0.0102), paired against DIN +0.0003, +0.0013, +0.0001; DeepFM's and DCN-V2's
+  kept validation scores rose most; 3,399 samples/s, 1.89x BST (1,800).
 """
 
 from __future__ import annotations
