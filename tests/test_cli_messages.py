@@ -79,13 +79,14 @@ def test_fit_says_how_it_ended_and_predict_where_it_wrote(tiny_data, tmp_path):
     ends with; predict names its file; neither prints Lightning's litlogger advert, nor the ckpt_path
     callbacks warning, which a predict cannot act on. A learning rate too small to move any float32
     weight (the zero readout included: its 1e-30 is lost beside the base-rate bias) makes every
-    validation score the same, so early stopping fires at the third."""
-    still = ["--model.optim.lr=1e-30", "--model.ranker.base_rate=0.4", "--trainer.max_epochs=6"]
+    validation score the same, so early stopping (configs/trainer.yaml: patience 4) fires at the
+    fifth."""
+    still = ["--model.optim.lr=1e-30", "--model.ranker.base_rate=0.4", "--trainer.max_epochs=8"]
     fit = run_recformer(fit_args(tiny_data, tmp_path, *still), tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     said = re.search(
-        r"Early stopping: val/auc did not improve in 2 validations; the fit stopped after validation 3 "
-        r"\(epoch 2, step 27\); the model holds the best weights by val/auc_gauc \(\d\.\d{4}\): validation 1 "
+        r"Early stopping: val/auc did not improve in 4 validations; the fit stopped after validation 5 "
+        r"\(epoch 4, step 45\); the model holds the best weights by val/auc_gauc \(\d\.\d{4}\): validation 1 "
         r"\(epoch 0, step 9\), (\S+\.ckpt)",
         fit.stdout + fit.stderr,
     )

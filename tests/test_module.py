@@ -165,11 +165,11 @@ def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_da
     assert stop["init_args"] == {
         "monitor": "val/auc",
         "mode": "max",
-        "patience": 2,
+        "patience": 4,
         "check_on_train_epoch_end": False,
     }
     assert any(c["class_path"] == "recformer.callbacks.best.RestoreBest" for c in callbacks)
-    # ... so with val/auc peaking at the first of five epochs, the fit stops after the third and
+    # ... so with val/auc peaking at the first of seven epochs, the fit stops after the fifth and
     # ends holding the first epoch's weights, while last.ckpt keeps the latest state.
     dm = RecDataModule(str(tiny_data), batch_size=64, num_workers=0)
     best_cb = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/auc", mode="max")
@@ -178,7 +178,7 @@ def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_da
     cbs = [es, RestoreBest(), best_cb, last_cb]
     trainer = pl.Trainer(
         accelerator="cpu",
-        max_epochs=5,
+        max_epochs=7,
         callbacks=cbs,
         logger=False,
         enable_progress_bar=False,
@@ -191,15 +191,15 @@ def test_a_fit_stops_early_and_ends_holding_the_best_checkpoints_weights(tiny_da
     auc.compute = lambda: real() * 0 + 0.9 - 0.1 * trainer.current_epoch  # what val/auc logs
     with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
         trainer.fit(module, dm)
-    assert trainer.current_epoch == 3 and es.stopped_epoch == 2
+    assert trainer.current_epoch == 5 and es.stopped_epoch == 4
     best = torch.load(best_cb.best_model_path, weights_only=True)
     assert best["epoch"] == 0
     # One line says so: that early stopping fired, after which validation, and whose weights the
     # model holds (9 steps an epoch).
     (said,) = [r.getMessage() for r in caplog.records if "best weights" in r.getMessage()]
     assert said == (
-        "Early stopping: val/auc did not improve in 2 validations; the fit stopped after validation 3 "
-        f"(epoch 2, step 27); the model holds the best weights by val/auc (0.9000): validation 1 "
+        "Early stopping: val/auc did not improve in 4 validations; the fit stopped after validation 5 "
+        f"(epoch 4, step 45); the model holds the best weights by val/auc (0.9000): validation 1 "
         f"(epoch 0, step 9), {best_cb.best_model_path}"
     )
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
