@@ -86,7 +86,7 @@ class RestoreBest(Callback):
         return f"step {step}"
 
     def _stop_said(self, trainer: Any) -> str:
-        """ "Early stopping: val/auc did not improve in 2 validations; the fit stopped after
+        """ "Early stopping: val/auc did not improve in 4 validations; the fit stopped after
         validation 6 (epoch 2, step 951)"."""
         stop = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping) and _fired(c))
         if stop.wait_count >= stop.patience:
