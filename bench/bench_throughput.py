@@ -13,8 +13,11 @@ so each option's cost in tokens and time sits in the same table. Every model tra
 fit`` runs per batch: forward, the weighted BCE loss, backward, the gradient-norm clip and
 non-finite check, touched-row embedding decay when set, the AdamW step. Steps run interleaved, one
 timed step of each model in turn, so machine noise hits them alike; the table reports median
-samples/s over the timed steps and the ratio to ``--reference`` (the Transformer), on ``--threads``
-torch threads.
+samples/s over the timed steps, the ratio to ``--reference`` (the Transformer), and the paired
+ratio: the median over rounds of the reference's step time over the model's in the same round,
+with its quartiles, on ``--threads`` torch threads. Two runs can differ by about 5% in the ratio of
+medians (2026-12-07: the Transformer 2.02x and 1.84x BST's rate in two 100-step runs minutes
+apart); the paired ratio's quartiles say how far one run can be read.
 """
 
 from __future__ import annotations
@@ -170,6 +173,29 @@ def variants(a: argparse.Namespace) -> dict[str, dict]:
     return out
 
 
+def table(models: dict, seconds: dict[str, list[float]], reference: str, batch: int) -> dict[str, dict]:
+    """Each model's row, printed and returned: median samples/s, its ratio to ``reference``'s
+    median, and the paired ratio: the median over rounds of the reference's step time over the
+    model's in the same round (the two steps run back to back, so a slow spell of the machine hits
+    both), with its quartiles: how far one run's ratio can be trusted."""
+    ref = seconds.get(reference)
+    rows = {}
+    head = f"{'model':32s} {'tokens':>6s} {'params':>9s} {'samples/s':>10s} {'vs ' + reference:>16s}"
+    print(f"{head} {'paired (IQR)':>20s}")
+    for name, (module, _) in models.items():
+        med = statistics.median(seconds[name])
+        n_params = sum(p.numel() for p in module.parameters())
+        row = {"samples_per_s": batch / med, "tokens": module.ranker.n_tokens, "params": n_params}
+        row["vs_reference"] = statistics.median(ref) / med if ref else float("nan")
+        paired = [r / s for r, s in zip(ref, seconds[name], strict=True)] if ref else [float("nan")] * 2
+        q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        row["vs_reference_paired"], row["vs_reference_iqr"] = statistics.median(paired), [q1, q3]
+        rows[name] = row
+        size = f"{name:32s} {module.ranker.n_tokens:6d} {n_params:9d} {batch / med:10.0f}"
+        print(f"{size} {row['vs_reference']:15.2f}x {row['vs_reference_paired']:7.2f}x ({q1:.2f}-{q3:.2f})")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -201,16 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
             step(module, optimizer, batch, name.endswith(BF16))
             if i >= a.warmup:
                 seconds[name].append(time.perf_counter() - start)
-    ref = statistics.median(seconds[a.reference]) if a.reference in seconds else None
-    rows = {}
-    print(f"{'model':32s} {'tokens':>6s} {'params':>9s} {'samples/s':>10s} {'vs ' + a.reference:>16s}")
-    for name, (module, _) in models.items():
-        med = statistics.median(seconds[name])
-        n_params = sum(p.numel() for p in module.parameters())
-        ratio = ref / med if ref else float("nan")
-        rows[name] = {"samples_per_s": a.batch / med, "tokens": module.ranker.n_tokens, "params": n_params}
-        rows[name]["vs_reference"] = ratio
-        print(f"{name:32s} {module.ranker.n_tokens:6d} {n_params:9d} {a.batch / med:10.0f} {ratio:15.2f}x")
+    rows = table(models, seconds, a.reference, a.batch)
     result = {"batch": a.batch, "steps": a.steps, "threads": a.threads, "models": rows}
     if a.out:
         a.out.write_text(json.dumps(result, indent=2))

@@ -140,6 +140,10 @@ def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path
     rows = json.loads((tmp_path / "t.json").read_text())["models"]
     base = rows["transformer"]
     assert rows["transformer"]["vs_reference"] == 1.0
+    # The paired ratio: each round's reference step over the model's; the reference's own is 1.
+    assert base["vs_reference_paired"] == 1.0 and base["vs_reference_iqr"] == [1.0, 1.0]
+    lo, hi = rows["popularity"]["vs_reference_iqr"]
+    assert 0 < lo <= rows["popularity"]["vs_reference_paired"] <= hi
     assert rows["transformer content=target"]["tokens"] == base["tokens"] + 1
     assert rows["transformer content=all"]["tokens"] == base["tokens"] + 1 + 6  # + every history event (6)
     assert rows["popularity"]["tokens"] == 1
