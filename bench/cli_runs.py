@@ -126,8 +126,7 @@ def stale(run_dir: Path, configs: list[str], args: list[str]) -> list[str]:
             continue
         if key.endswith("+"):  # an appended callback: one of the run's, same class and arguments
             item = {"class_path": value} if isinstance(value, str) else value
-            found = [c for c in have.get(key[:-1]) or [] if c.get("class_path") == item["class_path"]]
-            ok = any(item.get("init_args", {}).items() <= c.get("init_args", {}).items() for c in found)
+            ok = _among(have.get(key[:-1]) or [], item["class_path"], item.get("init_args") or {})
         elif key.startswith("trainer.callbacks.") and "trainer.callbacks" in have:
             ok = _last_callback_has(have["trainer.callbacks"], key.rsplit(".", 1)[1], value)
         else:
@@ -154,10 +153,15 @@ def _callbacks_missing(want: dict[str, object], have: dict[str, object]) -> list
         args = dict(item.get("init_args") or {})
         if i == len(listed) - 1:
             args = {k: v for k, v in args.items() if k not in set_on_last}
-        same_class = [c for c in saved if c.get("class_path") == item["class_path"]]
-        if not any(args.items() <= (c.get("init_args") or {}).items() for c in same_class):
+        if not _among(saved, item["class_path"], args):
             missing.append(f"trainer.callbacks: {item['class_path']} {args}, not among the run's")
     return missing
+
+
+def _among(saved: list[dict], class_path: str, args: dict) -> bool:
+    """Whether one of a run's saved callbacks is a ``class_path`` with every one of ``args``."""
+    same_class = (c.get("init_args") or {} for c in saved if c.get("class_path") == class_path)
+    return any(args.items() <= init.items() for init in same_class)
 
 
 def _last_callback_has(callbacks: list[dict], name: str, value: object) -> bool:
