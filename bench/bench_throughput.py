@@ -63,6 +63,15 @@ OPTIONS = {
     "history tokens 32, older dropped": {"ranker": {"history_tokens": 32, "history_older": "drop"}},
     "SDPA attention": {"ranker": {"attention_kernel": "sdpa"}},
     "matmul attention": {"ranker": {"attention_kernel": "matmul"}},
+    "mixed attention": {"ranker": {"attention_kernel": "mixed"}},
+    "ReLU MLP": {"ranker": {"mlp": "relu"}},
+    "head reads the target": {"ranker": {"head": "target"}},
+    "GELU, head reads both, SDPA": {"ranker": {"mlp": "gelu", "head": "both", "attention_kernel": "sdpa"}},
+    "ReLU, head reads the target, mixed attention": {
+        "ranker": {"mlp": "relu", "head": "target", "attention_kernel": "mixed"}
+    },
+    "history fields by rating": {"ranker": {"history_pool": "rating"}},
+    "no history field": {"ranker": {"history_pool": "none"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }
@@ -72,8 +81,10 @@ own loss or not), the non-sequence tokens' own weights, the shape ``small.yaml``
 2026-12-02, dropout with and without its share on the attention weights (on the MLP branch alone,
 ``dropout_branches: mlp``; with one mask per sample and feature, ``dropout_mask: feature``; without
 QK-Norm), a DNN beside the cross layers (DCN-V2's 3 x 400, and a smaller one), and either
-attention kernel (SDPA's, or the per-head matmuls ``attention_kernel: auto`` takes on CPU; the
-default Transformer sets ``sdpa``)."""
+attention kernel (SDPA's, or the per-head matmuls ``attention_kernel: auto`` takes on CPU, or SDPA
+with the matmuls in the last block, ``mixed``), the MLP's activation, the tokens the head reads, and
+the shape of the ninth table's default (GELU, the head on CLS and target, SDPA), the three speed
+changes together, and the cross network's history fields (split by a gate of the rating, or none)."""
 
 
 BF16 = " bf16-mixed"

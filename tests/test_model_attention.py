@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from recformer.config import RankerConfig
+from recformer.model import attention as attention_module
 from recformer.model.attention import MATMUL_MAX_HEADS, MATMUL_MAX_TOKENS, Attention, matmul_attention
 
 EPS = 1e-6
@@ -153,8 +154,32 @@ def test_auto_takes_the_matmuls_on_cpu_in_eager_fp32_at_small_shapes(monkeypatch
 
 
 def test_a_bad_attention_kernel_is_named() -> None:
-    with pytest.raises(ValueError, match=r"attention_kernel='flash'; expected 'auto', 'sdpa' or 'matmul'"):
+    expected = r"attention_kernel='flash'; expected 'auto', 'sdpa', 'matmul' or 'mixed'"
+    with pytest.raises(ValueError, match=expected):
         RankerConfig(attention_kernel="flash")
+
+
+def test_mixed_takes_the_matmuls_in_the_last_block_alone_and_computes_what_sdpa_does() -> None:
+    """``attention_kernel: mixed``: SDPA where every token is updated, the per-head matmuls where
+    only the kept tokens are (the last block), on any device or dtype; the same updates as SDPA."""
+    torch.manual_seed(0)
+    mixed = Attention(RankerConfig(d_model=16, n_heads=2, attention_kernel="mixed"))
+    sdpa = Attention(RankerConfig(d_model=16, n_heads=2, attention_kernel="sdpa"))
+    sdpa.load_state_dict(mixed.state_dict())
+    x = torch.randn(3, 7, 16)
+    attend = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    attend[0, ..., 2:4] = False
+    keep = slice(6, 7)
+    assert not mixed._use_matmuls(x) and not mixed._use_matmuls(x.double())
+    assert mixed._use_matmuls(x, keep) and mixed._use_matmuls(x.double(), keep)
+    calls = []
+    original = attention_module.matmul_attention
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(attention_module, "matmul_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+        torch.testing.assert_close(mixed(x, attend), sdpa(x, attend))
+        assert not calls
+        torch.testing.assert_close(mixed(x, attend, keep), sdpa(x, attend, keep))
+        assert calls == [1]
 
 
 def test_matmul_attention_equals_sdpa_in_fp32_with_and_without_a_mask_and_drops_its_weights() -> None:

@@ -133,6 +133,16 @@ def test_layernorm_scaling_off_leaves_norms_unscaled() -> None:
     assert off.attn_norm.scale == 1.0 and off.mlp_norm.scale == 1.0
 
 
+def test_relu_mlp_matches_formula_and_a_bad_mlp_is_named() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 24, dtype=torch.float64)
+    relu = MLP(RankerConfig(d_model=24, n_heads=2, mlp="relu", mlp_ratio=2.0)).double()
+    assert relu.hidden == 48  # mlp_ratio * D, as GELU's
+    torch.testing.assert_close(relu(x), torch.relu(x @ relu.up.weight.T) @ relu.down.weight.T)
+    with pytest.raises(ValueError, match=r"mlp='tanh'; expected 'gelu', 'swiglu' or 'relu'"):
+        RankerConfig(mlp="tanh")
+
+
 def test_swiglu_and_gelu_mlp_match_formula() -> None:
     torch.manual_seed(0)
     x = torch.randn(3, 4, 24, dtype=torch.float64)

@@ -340,13 +340,77 @@ def test_target_pooled_history_is_dins_interest_and_ignores_padding() -> None:
     assert extra == pytest.approx(6.0 * unit * dims.max_len)
 
 
+def test_no_history_field_leaves_the_history_to_the_blocks() -> None:
+    """``history_pool: none``: the cross network's fields are the context (but CLS) and the target,
+    its weights one field narrower; the events still change the logit, through the blocks."""
+    from recformer.model import fm
+
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1, history_pool="none")
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+    n, D = ranker.tokens.n_context, ranker.cfg.d_model
+    assert ranker.cross.layers[0].linear.in_features == n * D  # n - 1 context fields and the target
+    assert _ranker(dims, cross_layers=1).cross.layers[0].linear.in_features == (n + 1) * D
+    batch = random_batch(dims, batch_size=8)
+    x_BTD, _ = ranker.tokens(batch)
+    v_BFD = fm.fields(ranker.tokens, x_BTD, batch.hist_mask, None, history=False)
+    torch.testing.assert_close(v_BFD, torch.cat([x_BTD[:, 1:n], x_BTD[:, -1:]], 1))
+    _, wide_B = ranker.forward_parts(batch)
+    other = _scramble(batch, batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker.forward_parts(other)[1], wide_B)  # the branch reads no event
+    assert not torch.allclose(ranker(other), ranker(batch))
+
+
+def test_rating_gated_means_split_the_history_by_a_learned_gate_of_its_rating() -> None:
+    """``history_pool: rating``: two history fields, the valid events' means weighted by the
+    sigmoid of their rating's gate logit and by its complement; at init (logits 0) both are the
+    plain mean; padded slots change nothing; the gate is a table the optimizer trains."""
+    from recformer.model import fm
+
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1, history_pool="rating")
+    n, L, D = ranker.tokens.n_context, dims.max_len, ranker.cfg.d_model
+    assert ranker.cross.layers[0].linear.in_features == (n + 2) * D
+    assert ranker.param_kinds()["history_gate.weight"] == "table"
+    batch = random_batch(dims, batch_size=8, empty_history=2)
+    x_BTD, _ = ranker.tokens(batch)
+    hist_BLD, mask_BL = x_BTD[:, n : n + L], batch.hist_mask
+    plain_BD = fm.masked_mean(hist_BLD, mask_BL)
+    v_BFD = fm.fields(ranker.tokens, x_BTD, mask_BL, None, True, ranker._gate(batch))
+    torch.testing.assert_close(v_BFD[:, n - 1], plain_BD)
+    torch.testing.assert_close(v_BFD[:, n], plain_BD)
+    with torch.no_grad():
+        ranker.history_gate.weight.normal_(0, 2.0)
+        ranker.cross.out.weight.normal_()
+    gate_BL = ranker._gate(batch)
+    v_BFD = fm.fields(ranker.tokens, x_BTD, mask_BL, None, True, gate_BL)
+    for b in range(8):  # one sample at a time, the valid events only
+        ok = mask_BL[b]
+        w, h = gate_BL[b, ok], hist_BLD[b, ok]
+        want = [(w[:, None] * h).sum(0) / w.sum(), ((1 - w)[:, None] * h).sum(0) / (1 - w).sum()]
+        if not ok.any():
+            want = [torch.zeros(D), torch.zeros(D)]
+        torch.testing.assert_close(v_BFD[b, n - 1 : n + 1], torch.stack(want), rtol=1e-5, atol=1e-6)
+    other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)
+    ranker(batch).sum().backward()
+    assert ranker.history_gate.weight.grad.abs().sum() > 0
+
+
 def test_target_pooling_needs_a_field_branch_and_a_history() -> None:
     with pytest.raises(ValueError, match="history_pool='target' pools the history for the fields"):
         RankerConfig(history_pool="target")
-    with pytest.raises(ValueError, match="history_pool='sum'; expected 'mean' or 'target'"):
+    with pytest.raises(ValueError, match="history_pool='sum'; expected 'mean', 'target', 'rating' or 'none'"):
         RankerConfig(history_pool="sum", fm=True)
     with pytest.raises(ValueError, match="needs a history"):
         Ranker(RankerConfig(d_model=16, n_heads=2, fm=True, history_pool="target"), tiny_dims(max_len=0))
+    for pool in ("rating", "none"):
+        with pytest.raises(ValueError, match=f"history_pool='{pool}' pools the history for the fields"):
+            RankerConfig(history_pool=pool)
+    no_cats = dataclasses.replace(tiny_dims(), hist_cat_rows=[])
+    with pytest.raises(ValueError, match="history_pool='rating' needs an event categorical"):
+        Ranker(RankerConfig(d_model=16, n_heads=2, cross_layers=1, history_pool="rating"), no_cats)
 
 
 @pytest.mark.parametrize("content", ["add", "all"])

@@ -26,8 +26,9 @@ class RankerConfig:
     """Attention heads N; d_model must be divisible by it."""
     mlp_ratio: float = 4.0
     """MLP hidden width as a multiple of d_model (SwiGLU uses 2/3 of it, rounded up to 8)."""
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    """MLP type."""
+    mlp: Literal["gelu", "swiglu", "relu"] = "gelu"
+    """MLP type: ``gelu`` (exact, erf), ``swiglu``, or ``relu`` (on 2 CPU threads the default's
+    GELU forward and backward take about 3.2 ms of its 75 ms training step, ReLU 0.4 ms)."""
     norm_placement: NormPlacement = "pre"
     """Where the norms sit in each residual branch: post, pre, sandwich, reordered (OLMo 2), deepnorm."""
     norm: Literal["rms", "layer"] = "rms"
@@ -88,12 +89,16 @@ class RankerConfig:
     (cross layers + DNN) as the branch, the blocks and head beside it. Needs ``cross_layers`` >= 1
     and the cross network's own logit (no ``head_fields``). Glorot init and, under muP, the
     ``hidden`` kind as the cross layers have. []: the cross layers alone."""
-    history_pool: Literal["mean", "target"] = "mean"
+    history_pool: Literal["mean", "target", "rating", "none"] = "mean"
     """How the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool the history: ``mean``
     over its valid events, or ``target``: DIN's target attention (Zhou et al. 2018; an activation
     unit weighs each event by the target, ``model/fm.py``), the user's interest in this item,
     which the blocks reach only through softmax attention among all tokens. Needs one of the three
-    and a history. On MovieLens it lost validation AUC and GAUC at 1.39x the FLOPs (docs/levers.md)."""
+    and a history. On MovieLens it lost validation AUC and GAUC at 1.39x the FLOPs (docs/levers.md).
+    ``rating``: two fields, the events' mean weighted by a learned gate of their first categorical
+    (sigmoid of one logit per value: on MovieLens the rating) and the mean weighted by its
+    complement, what the user liked apart from what they did not (``fm.gated_means``). ``none``: no
+    history field; the history reaches the logit through the blocks alone."""
     history_tokens: int = 0
     """How many of the most recent history events the blocks attend over (0: all ``max_len``). The
     tokenizer embeds every event and the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool
@@ -134,14 +139,18 @@ class RankerConfig:
     """Dropout on the attention weights; None: ``dropout``. On CPU any attention dropout sends SDPA
     from its fused kernel to the unfused math path (1.36x BST's training rate at 0.2 instead of
     2x; docs/quality.md), while dropout on the residual branches alone keeps the fused kernel."""
-    attention_kernel: Literal["auto", "sdpa", "matmul"] = "auto"
+    attention_kernel: Literal["auto", "sdpa", "matmul", "mixed"] = "auto"
     """How ``forward`` (training, eager evaluation and prediction; not the stats path, and not an
     exported model, which always has SDPA) computes attention: ``sdpa``
     (``F.scaled_dot_product_attention``), or ``matmul``: per head, the logits from one batched
     matmul that adds the key mask, a softmax and a second matmul (``model/attention.py``), the math
     of SDPA's fallback without its copies. ``auto``: ``matmul`` on CPU in eager fp32 (no autocast,
     not compiled or exported) at up to 64 tokens and 8 heads, where it ran faster than SDPA's fused
-    CPU kernel forward and backward (``bench/bench_attention.py``); ``sdpa`` elsewhere."""
+    CPU kernel forward and backward (``bench/bench_attention.py``); ``sdpa`` elsewhere. ``mixed``:
+    ``sdpa`` where a block updates every token, ``matmul`` in the last block, which updates only
+    the 1-2 tokens the head reads: with so few queries SDPA's fused CPU kernel spends most of its
+    time outside the arithmetic (the default's last block: about 4 ms of SDPA forward and backward
+    a step for 0.3% of its FLOPs)."""
     base_rate: float = 0.5
     """Label base rate; the head bias starts at its log-odds."""
 
@@ -236,16 +245,20 @@ class RankerConfig:
             raise ValueError(f"history_tokens={self.history_tokens} must be >= 0 (0 = every history event)")
         if self.history_older not in ("drop", "mean"):
             raise ValueError(f"history_older={self.history_older!r}; expected 'drop' or 'mean'")
-        if self.attention_kernel not in ("auto", "sdpa", "matmul"):
+        if self.attention_kernel not in ("auto", "sdpa", "matmul", "mixed"):
             raise ValueError(
-                f"attention_kernel={self.attention_kernel!r}; expected 'auto', 'sdpa' or 'matmul'"
+                f"attention_kernel={self.attention_kernel!r}; expected 'auto', 'sdpa', 'matmul' or 'mixed'"
             )
-        if self.history_pool not in ("mean", "target"):
-            raise ValueError(f"history_pool={self.history_pool!r}; expected 'mean' or 'target'")
-        if self.history_pool == "target" and not (self.fm or self.cross_layers or self.head_fields):
+        if self.mlp not in ("gelu", "swiglu", "relu"):
+            raise ValueError(f"mlp={self.mlp!r}; expected 'gelu', 'swiglu' or 'relu'")
+        if self.history_pool not in ("mean", "target", "rating", "none"):
             raise ValueError(
-                "history_pool='target' pools the history for the fields of fm, cross_layers and "
-                "head_fields; set one of them (all are off)"
+                f"history_pool={self.history_pool!r}; expected 'mean', 'target', 'rating' or 'none'"
+            )
+        if self.history_pool != "mean" and not (self.fm or self.cross_layers or self.head_fields):
+            raise ValueError(
+                f"history_pool={self.history_pool!r} pools the history for the fields of fm, "
+                "cross_layers and head_fields; set one of them (all are off)"
             )
         if self.head_hidden < 0:
             raise ValueError(f"head_hidden={self.head_hidden} must be >= 0 (0 = 2 * d_model)")

@@ -136,7 +136,7 @@ class Attention(nn.Module):
         """
         q_BNQH, k_BNTH, v_BNTH = self._project(x_BTD, keep)
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self._use_matmuls(x_BTD):
+        if self._use_matmuls(x_BTD, keep):
             o_BQD = matmul_attention(q_BNQH, k_BNTH, v_BNTH, attend_B11T, self.scale, dropout_p)
             return self._project_out(o_BQD, keep)
         o_BNQH = F.scaled_dot_product_attention(
@@ -144,14 +144,18 @@ class Attention(nn.Module):
         )
         return self._output(o_BNQH, keep)
 
-    def _use_matmuls(self, x_BTD: torch.Tensor) -> bool:
+    def _use_matmuls(self, x_BTD: torch.Tensor, keep: slice | None = None) -> bool:
         """Whether ``forward`` takes ``matmul_attention`` rather than SDPA (``attention_kernel``).
+
+        ``mixed`` takes the matmuls where the block updates only the ``keep`` tokens (the last).
 
         ``auto`` takes the matmuls on CPU, eager, in fp32, at up to ``MATMUL_MAX_TOKENS`` tokens and
         ``MATMUL_MAX_HEADS`` heads, where SDPA's fused CPU kernel was level or slower forward and
         backward and the default's whole training step ran 1.08x as fast with the matmuls; beyond
         them SDPA won (``bench/bench_attention.py``'s header, 2026-12-07, 2 threads). Elsewhere
         (GPU, bf16 autocast, compile, export) SDPA, whose kernels and fusions win there."""
+        if self.kernel == "mixed":
+            return keep is not None
         if self.kernel != "auto":
             return self.kernel == "matmul"
         if x_BTD.device.type != "cpu" or x_BTD.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):

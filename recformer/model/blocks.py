@@ -44,7 +44,7 @@ from recformer.model.token_params import TokenLayout, specific_weight, token_lin
 
 
 def mlp_hidden(cfg: RankerConfig) -> int:
-    """MLP hidden width M: mlp_ratio * D for GELU; 2/3 of that for SwiGLU, rounded up to 8, so both
+    """MLP hidden width M: mlp_ratio * D for GELU and ReLU; 2/3 of that for SwiGLU, rounded up to 8, so both
     have the same parameter count (Shazeer 2020)."""
     hidden = cfg.mlp_ratio * cfg.d_model
     if cfg.mlp == "swiglu":
@@ -63,7 +63,7 @@ def rows(x_BTD: torch.Tensor, keep: slice | None) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """``down(act(up(x)))``: GELU, or SwiGLU with ``up`` holding the gate rows then the value rows.
+    """``down(act(up(x)))``: GELU, ReLU, or SwiGLU with ``up`` holding the gate rows then the value rows.
     With a ``layout`` the non-sequence tokens use their own ``up_specific`` and ``down_specific``."""
 
     def __init__(self, cfg: RankerConfig, layout: TokenLayout | None = None) -> None:
@@ -85,6 +85,8 @@ class MLP(nn.Module):
         if self.kind == "swiglu":
             gate_BTM, value_BTM = u_BTX.split(self.hidden, dim=-1)
             h_BTM = F.silu(gate_BTM) * value_BTM
+        elif self.kind == "relu":
+            h_BTM = F.relu(u_BTX)
         else:
             h_BTM = F.gelu(u_BTX)
         y_BTD = token_linear(h_BTM, self.down.weight, self.down_specific, self.layout, keep)

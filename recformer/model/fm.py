@@ -19,9 +19,10 @@ from torch import nn
 from recformer.model.embedding import FeatureTokenizer
 
 
-def n_fields(tokens: FeatureTokenizer) -> int:
-    """Fields per sample: the context tokens but CLS, the pooled history (if any), the target."""
-    return tokens.n_context - 1 + (1 if tokens.max_len else 0) + 1
+def n_fields(tokens: FeatureTokenizer, history: int = 1) -> int:
+    """Fields per sample: the context tokens but CLS, the ``history`` pooled history fields (if there
+    is a history), the target."""
+    return tokens.n_context - 1 + (history if tokens.max_len else 0) + 1
 
 
 def fields(
@@ -29,14 +30,20 @@ def fields(
     x_BTD: torch.Tensor,
     hist_mask_BL: torch.Tensor,
     unit: nn.Module | None = None,
+    history: bool = True,
+    gate_BL: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, n_fields, D] from the tokenizer's output ``x_BTD`` (its layout: ``FeatureTokenizer``);
-    the history pooled by ``target_pool`` with ``unit`` when given, else its mean."""
+    the history pooled by ``target_pool`` with ``unit`` when given, by ``gated_means`` with the
+    events' weights ``gate_BL`` when given (two fields), else its mean; no history field without
+    ``history``."""
     n_context, L = tokens.n_context, tokens.max_len
     parts = [x_BTD[:, 1:n_context]]
-    if L:
+    if L and history:
         hist_BLD = x_BTD[:, n_context : n_context + L]
-        if unit is not None:
+        if gate_BL is not None:
+            parts.append(gated_means(hist_BLD, gate_BL, hist_mask_BL))
+        elif unit is not None:
             parts.append(target_pool(unit, hist_BLD, x_BTD[:, -1], hist_mask_BL).unsqueeze(1))
         else:
             parts.append(masked_mean(hist_BLD, hist_mask_BL).unsqueeze(1))
@@ -47,6 +54,16 @@ def masked_mean(x_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
     """[B, D]: the mean of ``x_BLD`` over the L slots ``mask_BL`` marks valid; 0 where none is."""
     m_BL1 = mask_BL.unsqueeze(-1).to(x_BLD.dtype)
     return (x_BLD * m_BL1).sum(1) / m_BL1.sum(1).clamp_min(1)
+
+
+def gated_means(hist_BLD: torch.Tensor, gate_BL: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
+    """[B, 2, D]: the valid events' mean weighted by ``gate_BL`` (in [0, 1]) and their mean weighted
+    by ``1 - gate_BL``; 0 where a sample has no weight. With the gate a learned function of each
+    event's rating, what the user liked and what they did not, two fields where one mean mixes
+    them (a cross of the liked mean with the target is item-to-item collaborative filtering)."""
+    m_BL = mask_BL.to(hist_BLD.dtype)
+    w_B2L = torch.stack([gate_BL * m_BL, (1 - gate_BL) * m_BL], dim=1)
+    return (w_B2L @ hist_BLD) / w_B2L.sum(-1, keepdim=True).clamp_min(1e-6)
 
 
 def attention_unit(d: int) -> nn.Sequential:

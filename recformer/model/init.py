@@ -54,6 +54,7 @@ class Initialisable(Protocol):
     head: nn.Module
     """``Head``: ``hidden`` and ``out`` linear layers."""
     item_bias: nn.Embedding | None
+    history_gate: nn.Embedding | None
     cross: nn.Module | None
     """``CrossTower`` or None: initialises itself (``reset``)."""
     history_pool: nn.Sequential | None
@@ -198,6 +199,9 @@ def _init_beside(ranker: Initialisable) -> list[torch.Tensor]:
     if ranker.item_bias is not None:  # zero: the head's bias holds the base rate alone
         ranker.item_bias.weight.zero_()
         params.append(ranker.item_bias.weight)
+    if ranker.history_gate is not None:  # zero: both gated means start as the plain mean
+        ranker.history_gate.weight.zero_()
+        params.append(ranker.history_gate.weight)
     if ranker.cross is not None:  # Glorot cross layers, a zero output
         ranker.cross.reset()
         params += list(ranker.cross.parameters())

@@ -94,18 +94,36 @@ class Ranker(nn.Module):
         self.final_norm = (
             nn.Identity() if cfg.norm_placement in NORMALISED_STREAM else make_norm(cfg.norm, cfg.d_model)
         )
-        d_fields = fm.n_fields(self.tokens) * cfg.d_model
+        pools = {"none": 0, "rating": 2}.get(cfg.history_pool, 1)
+        d_fields = fm.n_fields(self.tokens, pools) * cfg.d_model
         self.head = Head(cfg, d_fields if cfg.head_fields else 0)
         self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
-        if cfg.history_pool == "target" and not dims.max_len:
-            raise ValueError("history_pool='target' needs a history (a feature spec with a sequence)")
-        self.history_pool = fm.attention_unit(cfg.d_model) if cfg.history_pool == "target" else None
+        self.history_pool, self.history_gate = self._history_poolers(cfg, dims)
         self.cross = (
             CrossTower(d_fields, cfg.cross_layers, not cfg.head_fields, cfg.cross_hidden)
             if cfg.cross_layers
             else None
         )
         init_weights(self)
+
+    @staticmethod
+    def _history_poolers(
+        cfg: RankerConfig, dims: FeatureDims
+    ) -> tuple[nn.Module | None, nn.Embedding | None]:
+        """What pools the history for the fields (``history_pool``): DIN's attention unit
+        (``target``), or the gate table of ``rating``, one logit per value of the events' first
+        categorical (MovieLens: the rating); None each otherwise."""
+        if cfg.history_pool in ("target", "rating") and not dims.max_len:
+            raise ValueError(
+                f"history_pool={cfg.history_pool!r} needs a history (a feature spec with a sequence)"
+            )
+        if cfg.history_pool == "rating" and not dims.hist_cat_rows:
+            raise ValueError(
+                "history_pool='rating' needs an event categorical (sequence.categorical in the spec)"
+            )
+        unit = fm.attention_unit(cfg.d_model) if cfg.history_pool == "target" else None
+        gate = nn.Embedding(dims.hist_cat_rows[0], 1) if cfg.history_pool == "rating" else None
+        return unit, gate
 
     def _layout(self) -> TokenLayout:
         """Where the non-sequence tokens sit (``token_params: specific``): CLS and the context in
@@ -197,7 +215,7 @@ class Ranker(nn.Module):
                 continue
             elif name in ("head.out.weight", "cross.out.weight"):
                 kinds[name] = "readout"
-            elif name == "item_bias.weight":
+            elif name in ("item_bias.weight", "history_gate.weight"):
                 kinds[name] = "table"
             elif p.ndim == 1:
                 kinds[name] = "vector"
@@ -240,7 +258,9 @@ class Ranker(nn.Module):
         if self.item_bias is not None:
             wide.append(self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1))
         if self.cfg.fm or self.cross is not None or self.cfg.head_fields:
-            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask, self.history_pool)
+            history = self.cfg.history_pool != "none"
+            gate_BL = None if self.history_gate is None else self._gate(batch)
+            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask, self.history_pool, history, gate_BL)
             crossed_BX = None if self.cross is None else self.cross.cross(v_BFD)
             if self.cfg.fm:
                 wide.append(fm.pairwise(v_BFD) * self.head.readout_mult)
@@ -249,6 +269,12 @@ class Ranker(nn.Module):
             if self.cfg.head_fields:
                 fields_BX = v_BFD.flatten(1) if crossed_BX is None else crossed_BX
         return (sum(wide[1:], wide[0]) if wide else None), fields_BX
+
+    def _gate(self, batch: Batch) -> torch.Tensor:
+        """[B, L]: each event's weight in the first of ``gated_means``'s fields, sigmoid of its
+        first categorical's row of ``history_gate`` (the rating as logged: the tokens' rating
+        dropout does not apply)."""
+        return torch.sigmoid(self.history_gate(batch.hist_cat[..., 0]).squeeze(-1).float())
 
     @staticmethod
     def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
