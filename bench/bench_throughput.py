@@ -70,6 +70,7 @@ OPTIONS = {
     "ReLU, head reads the target, mixed attention": {
         "ranker": {"mlp": "relu", "head": "target", "attention_kernel": "mixed"}
     },
+    "ReLU, mixed attention": {"ranker": {"mlp": "relu", "attention_kernel": "mixed"}},
     "history fields by rating": {"ranker": {"history_pool": "rating"}},
     "no history field": {"ranker": {"history_pool": "none"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
