@@ -61,7 +61,7 @@ def gated_means(hist_BLD: torch.Tensor, gate_BL: torch.Tensor, mask_BL: torch.Te
     by ``1 - gate_BL``; 0 where a sample has no weight. With the gate a learned function of each
     event's rating, what the user liked and what they did not, two fields where one mean mixes
     them (a cross of the liked mean with the target is item-to-item collaborative filtering)."""
-    m_BL = mask_BL.to(hist_BLD.dtype)
+    m_BL, gate_BL = mask_BL.to(hist_BLD.dtype), gate_BL.to(hist_BLD.dtype)
     w_B2L = torch.stack([gate_BL * m_BL, (1 - gate_BL) * m_BL], dim=1)
     return (w_B2L @ hist_BLD) / w_B2L.sum(-1, keepdim=True).clamp_min(1e-6)
 
