@@ -71,8 +71,9 @@ OPTIONS = {
         "ranker": {"mlp": "relu", "head": "target", "attention_kernel": "mixed"}
     },
     "ReLU, mixed attention": {"ranker": {"mlp": "relu", "attention_kernel": "mixed"}},
-    "history fields by rating": {"ranker": {"history_pool": "rating"}},
-    "no history field": {"ranker": {"history_pool": "none"}},
+    # With the cross network the fields feed (the default has it; a test's small preset may not).
+    "history fields by rating": {"ranker": {"cross_layers": 1, "history_pool": "rating"}},
+    "no history field": {"ranker": {"cross_layers": 1, "history_pool": "none"}},
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }
