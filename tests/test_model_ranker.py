@@ -396,6 +396,15 @@ def test_rating_gated_means_split_the_history_by_a_learned_gate_of_its_rating() 
     torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)
     ranker(batch).sum().backward()
     assert ranker.history_gate.weight.grad.abs().sum() > 0
+    # The rating dropout hides ratings from the gate in training (the OOV row), never in evaluation.
+    dropping = _ranker(dims, cross_layers=1, history_pool="rating", history_cat_dropout=0.5)
+    with torch.no_grad():
+        dropping.history_gate.weight.copy_(torch.arange(len(dropping.history_gate.weight))[:, None] + 1.0)
+    unknown = torch.sigmoid(dropping.history_gate.weight[0, 0])
+    rated = batch.hist_cat[..., 0] > 0
+    torch.manual_seed(0)
+    assert (dropping.train()._gate(batch)[rated] == unknown).float().mean() > 0.2
+    assert not (dropping.eval()._gate(batch)[rated] == unknown).any()
 
 
 def test_target_pooling_needs_a_field_branch_and_a_history() -> None:

@@ -272,9 +272,14 @@ class Ranker(nn.Module):
 
     def _gate(self, batch: Batch) -> torch.Tensor:
         """[B, L]: each event's weight in the first of ``gated_means``'s fields, sigmoid of its
-        first categorical's row of ``history_gate`` (the rating as logged: the tokens' rating
-        dropout does not apply)."""
-        return torch.sigmoid(self.history_gate(batch.hist_cat[..., 0]).squeeze(-1).float())
+        first categorical's row of ``history_gate``. In training the rating dropout hides an event's
+        rating from the gate too (its OOV row, unknown), with its own draw: at ff4283c the gate read
+        every rating, and its fits learned faster, then fell behind (docs/levers.md)."""
+        cat_BL = batch.hist_cat[..., 0]
+        p = self.cfg.history_cat_dropout
+        if self.training and p > 0:
+            cat_BL = cat_BL * (torch.rand(cat_BL.shape, device=cat_BL.device) >= p)  # OOV_ROW = 0
+        return torch.sigmoid(self.history_gate(cat_BL).squeeze(-1).float())
 
     @staticmethod
     def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
