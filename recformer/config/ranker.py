@@ -97,7 +97,8 @@ class RankerConfig:
     and a history. On MovieLens it lost validation AUC and GAUC at 1.39x the FLOPs (docs/levers.md).
     ``rating``: two fields, the events' mean weighted by a learned gate of their first categorical
     (sigmoid of one logit per value: on MovieLens the rating) and the mean weighted by its
-    complement, what the user liked apart from what they did not (``fm.gated_means``). ``none``: no
+    complement, what the user liked apart from what they did not (``fm.gated_means``; in training
+    ``history_cat_dropout`` hides ratings from the gate as from the tokens). ``none``: no
     history field; the history reaches the logit through the blocks alone."""
     history_tokens: int = 0
     """How many of the most recent history events the blocks attend over (0: all ``max_len``). The
