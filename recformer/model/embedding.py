@@ -44,6 +44,13 @@ class Distinct(NamedTuple):
     inverse_BS: torch.Tensor
 
 
+def drop_event_categoricals(hist_cat_BLC: torch.Tensor, p: float) -> torch.Tensor:
+    """``history_cat_dropout``: each event's categoricals [B, L, C] become the OOV row (0, unknown)
+    with probability ``p``, one draw per event; the event still names its item."""
+    kept_BL1 = torch.rand(hist_cat_BLC.shape[:2], device=hist_cat_BLC.device) >= p
+    return hist_cat_BLC * kept_BL1.unsqueeze(-1)  # OOV_ROW = 0
+
+
 class FeatureTokenizer(nn.Module):
     """Embedding tables and input projections; ``forward(batch) -> (x_BTD, valid_BT | None)``.
 
@@ -365,10 +372,7 @@ class FeatureTokenizer(nn.Module):
         """Table rows of the history events' categoricals. In training, with ``history_cat_dropout``,
         each event's are the OOV rows (unknown) with that probability: the event still names its item."""
         if self.training and self.history_cat_dropout > 0:
-            kept_BL1 = (
-                torch.rand(hist_cat_BLC.shape[:2], device=hist_cat_BLC.device) >= self.history_cat_dropout
-            )
-            hist_cat_BLC = hist_cat_BLC * kept_BL1.unsqueeze(-1)  # OOV_ROW = 0
+            hist_cat_BLC = drop_event_categoricals(hist_cat_BLC, self.history_cat_dropout)
         return hist_cat_BLC + self.hist_cat_offsets
 
     def _bags_by_segments(self, ids_BJ: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from recformer.config import FeatureDims, RankerConfig
 from recformer.model import flops, fm
 from recformer.model.blocks import NORMALISED_STREAM, make_block
 from recformer.model.cross import CrossTower
-from recformer.model.embedding import FeatureTokenizer, item_id_rows
+from recformer.model.embedding import FeatureTokenizer, drop_event_categoricals, item_id_rows
 from recformer.model.init import init_weights
 from recformer.model.mup import readout_multiplier
 from recformer.model.norms import make_norm
@@ -275,11 +275,10 @@ class Ranker(nn.Module):
         first categorical's row of ``history_gate``. In training the rating dropout hides an event's
         rating from the gate too (its OOV row, unknown), with its own draw: at ff4283c the gate read
         every rating, and its fits learned faster, then fell behind (docs/levers.md)."""
-        cat_BL = batch.hist_cat[..., 0]
-        p = self.cfg.history_cat_dropout
-        if self.training and p > 0:
-            cat_BL = cat_BL * (torch.rand(cat_BL.shape, device=cat_BL.device) >= p)  # OOV_ROW = 0
-        return torch.sigmoid(self.history_gate(cat_BL).squeeze(-1).float())
+        cat_BLC = batch.hist_cat
+        if self.training and self.cfg.history_cat_dropout > 0:
+            cat_BLC = drop_event_categoricals(cat_BLC, self.cfg.history_cat_dropout)
+        return torch.sigmoid(self.history_gate(cat_BLC[..., 0]).squeeze(-1).float())
 
     @staticmethod
     def _logits(head_B: torch.Tensor, wide_B: torch.Tensor | None) -> torch.Tensor:
