@@ -74,6 +74,10 @@ OPTIONS = {
     # With the cross network the fields feed (the default has it; a test's small preset may not).
     "history fields by rating": {"ranker": {"cross_layers": 1, "history_pool": "rating"}},
     "no history field": {"ranker": {"cross_layers": 1, "history_pool": "none"}},
+    "history field of item ids": {"ranker": {"cross_layers": 1, "history_pool": "items"}},
+    "history mean and target fields, unit 16": {
+        "ranker": {"cross_layers": 1, "history_pool": "mean_target", "history_unit_hidden": 16}
+    },
     "cross DNN 400x3": {"ranker": {"cross_layers": 1, "cross_hidden": [400, 400, 400]}},
     "cross DNN 128x2": {"ranker": {"cross_layers": 1, "cross_hidden": [128, 128]}},
 }

@@ -407,14 +407,82 @@ def test_rating_gated_means_split_the_history_by_a_learned_gate_of_its_rating() 
     assert not (dropping.eval()._gate(batch)[rated] == unknown).any()
 
 
+def test_mean_and_target_pooled_history_are_two_fields_from_a_unit_of_its_width() -> None:
+    """``history_pool: mean_target``: the cross network reads the history's mean, then DIN's
+    target-weighted sum (the ``target`` field) from a unit ``history_unit_hidden`` wide; the unit
+    is trained and counted in the FLOPs; padded slots change nothing."""
+    from recformer.model import flops, fm
+
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1, history_pool="mean_target", history_unit_hidden=8)
+    n, L, D = ranker.tokens.n_context, dims.max_len, ranker.cfg.d_model
+    assert ranker.cross.layers[0].linear.in_features == (n + 2) * D
+    assert [m.out_features for m in ranker.history_pool if isinstance(m, torch.nn.Linear)] == [8, 1]
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+        ranker.history_pool[-1].weight.normal_(0, 1.0)
+    batch = random_batch(dims, batch_size=8, empty_history=2)
+    x_BTD, _ = ranker.tokens(batch)
+    hist_BLD, mask_BL = x_BTD[:, n : n + L], batch.hist_mask
+    v_BFD = fm.fields(ranker.tokens, x_BTD, mask_BL, ranker.history_pool, with_mean=True)
+    torch.testing.assert_close(v_BFD[:, n - 1], fm.masked_mean(hist_BLD, mask_BL))
+    want_BD = fm.target_pool(ranker.history_pool, hist_BLD, x_BTD[:, -1], mask_BL)
+    torch.testing.assert_close(v_BFD[:, n], want_BD)
+    assert want_BD[mask_BL.any(1)].abs().sum() > 0
+    torch.testing.assert_close(v_BFD[:, n + 1], x_BTD[:, -1])
+    other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)
+    ranker(batch).sum().backward()
+    assert all(p.grad.abs().sum() > 0 for p in ranker.history_pool.parameters())
+    mean = _ranker(dims, cross_layers=1)
+    extra = flops.total(ranker.flop_terms()) - flops.total(mean.flop_terms())
+    wider = flops.matrix_params(ranker.cross) - flops.matrix_params(mean.cross)  # one field more
+    assert wider > 0
+    assert extra == pytest.approx(6.0 * ((4 * D * 8 + 8) * L + wider))  # the unit once per slot
+
+
+def test_item_pooled_history_is_the_mean_of_the_events_item_id_rows() -> None:
+    """``history_pool: items``: the history field is the mean of the valid events' item-id rows of
+    the tokens' table (no rating, gap, side features or content), so an event's rating does not
+    reach the cross network; the rows get its gradient; padded slots change nothing."""
+    from recformer.model import fm
+    from recformer.model.embedding import item_id_rows
+
+    dims = tiny_dims()
+    ranker = _ranker(dims, cross_layers=1, history_pool="items")
+    n, D = ranker.tokens.n_context, ranker.cfg.d_model
+    assert ranker.cross.layers[0].linear.in_features == (n + 1) * D  # as wide as the mean's
+    with torch.no_grad():
+        ranker.cross.out.weight.normal_()
+    batch = random_batch(dims, batch_size=8, empty_history=2)
+    x_BTD, _ = ranker.tokens(batch)
+    table = ranker.tokens.table.weight
+    rows_BL = item_id_rows(batch.hist_item, dims) + ranker.tokens.item_offset
+    events_BLD = ranker.tokens.item_id_embeddings(batch.hist_item)
+    torch.testing.assert_close(events_BLD, table[rows_BL])
+    v_BFD = fm.fields(ranker.tokens, x_BTD, batch.hist_mask, events_BLD=events_BLD)
+    torch.testing.assert_close(v_BFD[:, n - 1], fm.masked_mean(table[rows_BL], batch.hist_mask))
+    _, wide_B = ranker.forward_parts(batch)
+    rerated = dataclasses.replace(batch, hist_cat=(batch.hist_cat + 1) % dims.hist_cat_rows[0])
+    torch.testing.assert_close(ranker.forward_parts(rerated)[1], wide_B)  # the branch reads no rating
+    assert not torch.allclose(ranker(rerated), ranker(batch))  # the blocks do
+    other = _scramble(batch, ~batch.hist_mask, dims, seed=1)
+    torch.testing.assert_close(ranker(other), ranker(batch), rtol=0, atol=1e-6)
+    wide_B.sum().backward()
+    assert table.grad[rows_BL[batch.hist_mask]].abs().sum() > 0
+
+
 def test_target_pooling_needs_a_field_branch_and_a_history() -> None:
     with pytest.raises(ValueError, match="history_pool='target' pools the history for the fields"):
         RankerConfig(history_pool="target")
-    with pytest.raises(ValueError, match="history_pool='sum'; expected 'mean', 'target', 'rating' or 'none'"):
+    with pytest.raises(ValueError, match=r"history_pool='sum'; expected one of \('mean', 'target', "):
         RankerConfig(history_pool="sum", fm=True)
-    with pytest.raises(ValueError, match="needs a history"):
-        Ranker(RankerConfig(d_model=16, n_heads=2, fm=True, history_pool="target"), tiny_dims(max_len=0))
-    for pool in ("rating", "none"):
+    with pytest.raises(ValueError, match=r"history_unit_hidden=-1 must be >= 0 \(0 = 2 \* d_model\)"):
+        RankerConfig(history_pool="mean_target", fm=True, history_unit_hidden=-1)
+    for pool in ("target", "mean_target", "items"):
+        with pytest.raises(ValueError, match=f"history_pool='{pool}' needs a history"):
+            Ranker(RankerConfig(d_model=16, n_heads=2, fm=True, history_pool=pool), tiny_dims(max_len=0))
+    for pool in ("mean_target", "rating", "items", "none"):
         with pytest.raises(ValueError, match=f"history_pool='{pool}' pools the history for the fields"):
             RankerConfig(history_pool=pool)
     no_cats = dataclasses.replace(tiny_dims(), hist_cat_rows=[])

@@ -89,7 +89,7 @@ class RankerConfig:
     (cross layers + DNN) as the branch, the blocks and head beside it. Needs ``cross_layers`` >= 1
     and the cross network's own logit (no ``head_fields``). Glorot init and, under muP, the
     ``hidden`` kind as the cross layers have. []: the cross layers alone."""
-    history_pool: Literal["mean", "target", "rating", "none"] = "mean"
+    history_pool: Literal["mean", "target", "mean_target", "rating", "items", "none"] = "mean"
     """How the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool the history: ``mean``
     over its valid events, or ``target``: DIN's target attention (Zhou et al. 2018; an activation
     unit weighs each event by the target, ``model/fm.py``), the user's interest in this item,
@@ -98,8 +98,16 @@ class RankerConfig:
     ``rating``: two fields, the events' mean weighted by a learned gate of their first categorical
     (sigmoid of one logit per value: on MovieLens the rating) and the mean weighted by its
     complement, what the user liked apart from what they did not (``fm.gated_means``; in training
-    ``history_cat_dropout`` hides ratings from the gate as from the tokens). ``none``: no
-    history field; the history reaches the logit through the blocks alone."""
+    ``history_cat_dropout`` hides ratings from the gate as from the tokens). ``mean_target``: two
+    fields, the mean and DIN's target-weighted sum beside it (the unit's width
+    ``history_unit_hidden``), so the field starts from the mean that ``target`` replaces. ``items``:
+    the mean of the events' item-id rows alone (the tokens' table; no rating, gap, side features or
+    content), what the user watched without how they rated it. ``none``:
+    no history field; the history reaches the logit through the blocks alone."""
+    history_unit_hidden: int = 0
+    """Width of the attention unit's hidden layer (``history_pool: target | mean_target``); 0: 2 x
+    d_model, the DIN baseline's. Its first layer reads [h, t, h - t, h * t] of each history slot,
+    4 x d_model x width multiply-adds a slot."""
     history_tokens: int = 0
     """How many of the most recent history events the blocks attend over (0: all ``max_len``). The
     tokenizer embeds every event and the fields of ``fm``, ``cross_layers`` and ``head_fields`` pool
@@ -252,10 +260,11 @@ class RankerConfig:
             )
         if self.mlp not in ("gelu", "swiglu", "relu"):
             raise ValueError(f"mlp={self.mlp!r}; expected 'gelu', 'swiglu' or 'relu'")
-        if self.history_pool not in ("mean", "target", "rating", "none"):
-            raise ValueError(
-                f"history_pool={self.history_pool!r}; expected 'mean', 'target', 'rating' or 'none'"
-            )
+        pools = ("mean", "target", "mean_target", "rating", "items", "none")
+        if self.history_pool not in pools:
+            raise ValueError(f"history_pool={self.history_pool!r}; expected one of {pools}")
+        if self.history_unit_hidden < 0:
+            raise ValueError(f"history_unit_hidden={self.history_unit_hidden} must be >= 0 (0 = 2 * d_model)")
         if self.history_pool != "mean" and not (self.fm or self.cross_layers or self.head_fields):
             raise ValueError(
                 f"history_pool={self.history_pool!r} pools the history for the fields of fm, "

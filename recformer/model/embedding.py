@@ -445,6 +445,11 @@ class FeatureTokenizer(nn.Module):
             self.item_content.index_select(0, items_BS.flatten()).view(B, S, -1).to(w.dtype)
         )
 
+    def item_id_embeddings(self, items: torch.Tensor) -> torch.Tensor:
+        """The item-id rows of ``items`` in the tokens' table, [*items.shape, D]: the id's
+        embedding alone, no side features, content or event ids (``history_pool: items``)."""
+        return F.embedding(self._item_embedding_rows(items) + self.item_offset, self.table.weight)
+
     def _item_embedding_rows(self, items_BS: torch.Tensor) -> torch.Tensor:
         return item_id_rows(items_BS, self.dims)
 

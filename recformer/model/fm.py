@@ -32,18 +32,23 @@ def fields(
     unit: nn.Module | None = None,
     history: bool = True,
     gate_BL: torch.Tensor | None = None,
+    with_mean: bool = False,
+    events_BLD: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, n_fields, D] from the tokenizer's output ``x_BTD`` (its layout: ``FeatureTokenizer``);
-    the history pooled by ``target_pool`` with ``unit`` when given, by ``gated_means`` with the
-    events' weights ``gate_BL`` when given (two fields), else its mean; no history field without
-    ``history``."""
+    the history pooled by ``target_pool`` with ``unit`` when given (after its mean, two fields,
+    ``with_mean``), by ``gated_means`` with the events' weights ``gate_BL`` when given (two
+    fields), else its mean; no history field without ``history``. ``events_BLD``: what is pooled
+    instead of the history's tokens (``Ranker``'s ``history_pool: items``)."""
     n_context, L = tokens.n_context, tokens.max_len
     parts = [x_BTD[:, 1:n_context]]
     if L and history:
-        hist_BLD = x_BTD[:, n_context : n_context + L]
+        hist_BLD = x_BTD[:, n_context : n_context + L] if events_BLD is None else events_BLD
         if gate_BL is not None:
             parts.append(gated_means(hist_BLD, gate_BL, hist_mask_BL))
         elif unit is not None:
+            if with_mean:
+                parts.append(masked_mean(hist_BLD, hist_mask_BL).unsqueeze(1))
             parts.append(target_pool(unit, hist_BLD, x_BTD[:, -1], hist_mask_BL).unsqueeze(1))
         else:
             parts.append(masked_mean(hist_BLD, hist_mask_BL).unsqueeze(1))
@@ -66,10 +71,11 @@ def gated_means(hist_BLD: torch.Tensor, gate_BL: torch.Tensor, mask_BL: torch.Te
     return (w_B2L @ hist_BLD) / w_B2L.sum(-1, keepdim=True).clamp_min(1e-6)
 
 
-def attention_unit(d: int) -> nn.Sequential:
+def attention_unit(d: int, hidden: int = 0) -> nn.Sequential:
     """DIN's activation unit (Zhou et al. 2018, section 4.3): an MLP from an event's and the
-    target's embeddings, [h, t, h - t, h * t], to the event's weight."""
-    return nn.Sequential(nn.Linear(4 * d, 2 * d), nn.GELU(), nn.Linear(2 * d, 1))
+    target's embeddings, [h, t, h - t, h * t], to the event's weight; ``hidden`` wide (0: 2 d)."""
+    hidden = hidden or 2 * d
+    return nn.Sequential(nn.Linear(4 * d, hidden), nn.GELU(), nn.Linear(hidden, 1))
 
 
 def target_pool(

@@ -94,7 +94,7 @@ class Ranker(nn.Module):
         self.final_norm = (
             nn.Identity() if cfg.norm_placement in NORMALISED_STREAM else make_norm(cfg.norm, cfg.d_model)
         )
-        pools = {"none": 0, "rating": 2}.get(cfg.history_pool, 1)
+        pools = {"none": 0, "rating": 2, "mean_target": 2}.get(cfg.history_pool, 1)
         d_fields = fm.n_fields(self.tokens, pools) * cfg.d_model
         self.head = Head(cfg, d_fields if cfg.head_fields else 0)
         self.item_bias = nn.Embedding(dims.item_rows, 1) if cfg.item_bias else None
@@ -111,9 +111,9 @@ class Ranker(nn.Module):
         cfg: RankerConfig, dims: FeatureDims
     ) -> tuple[nn.Module | None, nn.Embedding | None]:
         """What pools the history for the fields (``history_pool``): DIN's attention unit
-        (``target``), or the gate table of ``rating``, one logit per value of the events' first
-        categorical (MovieLens: the rating); None each otherwise."""
-        if cfg.history_pool in ("target", "rating") and not dims.max_len:
+        (``target``, ``mean_target``), or the gate table of ``rating``, one logit per value of the
+        events' first categorical (MovieLens: the rating); None each otherwise."""
+        if cfg.history_pool in ("target", "mean_target", "rating", "items") and not dims.max_len:
             raise ValueError(
                 f"history_pool={cfg.history_pool!r} needs a history (a feature spec with a sequence)"
             )
@@ -121,7 +121,8 @@ class Ranker(nn.Module):
             raise ValueError(
                 "history_pool='rating' needs an event categorical (sequence.categorical in the spec)"
             )
-        unit = fm.attention_unit(cfg.d_model) if cfg.history_pool == "target" else None
+        targeted = cfg.history_pool in ("target", "mean_target")
+        unit = fm.attention_unit(cfg.d_model, cfg.history_unit_hidden) if targeted else None
         gate = nn.Embedding(dims.hist_cat_rows[0], 1) if cfg.history_pool == "rating" else None
         return unit, gate
 
@@ -258,9 +259,7 @@ class Ranker(nn.Module):
         if self.item_bias is not None:
             wide.append(self.item_bias(item_id_rows(batch.target_item, self.dims)).squeeze(-1))
         if self.cfg.fm or self.cross is not None or self.cfg.head_fields:
-            history = self.cfg.history_pool != "none"
-            gate_BL = None if self.history_gate is None else self._gate(batch)
-            v_BFD = fm.fields(self.tokens, x_BTD, batch.hist_mask, self.history_pool, history, gate_BL)
+            v_BFD = self._fields(x_BTD, batch)
             crossed_BX = None if self.cross is None else self.cross.cross(v_BFD)
             if self.cfg.fm:
                 wide.append(fm.pairwise(v_BFD) * self.head.readout_mult)
@@ -269,6 +268,23 @@ class Ranker(nn.Module):
             if self.cfg.head_fields:
                 fields_BX = v_BFD.flatten(1) if crossed_BX is None else crossed_BX
         return (sum(wide[1:], wide[0]) if wide else None), fields_BX
+
+    def _fields(self, x_BTD: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The fields [B, F, D] the terms beside the blocks read (``fm.fields``), the history pooled
+        as ``history_pool`` says."""
+        pool = self.cfg.history_pool
+        gate_BL = None if self.history_gate is None else self._gate(batch)
+        items_BLD = self.tokens.item_id_embeddings(batch.hist_item) if pool == "items" else None
+        return fm.fields(
+            self.tokens,
+            x_BTD,
+            batch.hist_mask,
+            self.history_pool,
+            pool != "none",
+            gate_BL,
+            pool == "mean_target",
+            items_BLD,
+        )
 
     def _gate(self, batch: Batch) -> torch.Tensor:
         """[B, L]: each event's weight in the first of ``gated_means``'s fields, sigmoid of its
