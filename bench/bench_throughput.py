@@ -43,6 +43,7 @@ OPTIONS = {
     "fm": {"ranker": {"fm": True}},
     "cross 1": {"ranker": {"cross_layers": 1}},
     "cross 1, branch loss": {"ranker": {"cross_layers": 1}, "branch_loss": 1.0},
+    "cross 2": {"ranker": {"cross_layers": 2}},
     "token-specific": {"ranker": {"token_params": "specific"}},
     "4 heads, MLP 4x": {"ranker": {"n_heads": 4, "mlp_ratio": 4.0}},
     "dropout 0.2": {"ranker": {"dropout": 0.2}},

@@ -364,6 +364,30 @@ def test_the_rate_refinement_climbs_the_1_2_5_ladder_until_its_best_is_inside(tm
     assert r.rung(3e-3, 1) == 5e-3 and r.rung(1e-2, -1) == 5e-3  # 3e-3's nearest rung is 2e-3
 
 
+def test_the_l2_refinement_steps_the_1_3_ladder_and_stops_at_zero(tmp_path, monkeypatch):
+    """``--key l2``: the penalty's neighbours on the 1, 3 ladder, one rung further while the best
+    is on an edge; a penalty of 0 has one neighbour (3e-4) and nothing below it."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    r = load_bench("quality_refine")
+    grid = yaml.safe_load((ROOT / "configs/quality/grid.yaml").read_text())
+    lr, l2 = "model.optim.lr", "model.optim.embedding_l2"
+    fit, calls = _fake_fit({lr: 1e-3, l2: 1e-4})
+    monkeypatch.setattr(r.quality, "fit", fit)
+    best, points = r.refine(grid, "deepfm", {lr: 1e-3, l2: 1e-3}, tmp_path, l2)
+    assert best == {lr: 1e-3, l2: 1e-4}
+    assert [c[l2] for c in calls] == [3e-4, 1e-3, 3e-3, 1e-4, 3e-5]
+    assert all(c[lr] == 1e-3 for c in calls) and len(points) == len(calls)
+    calls.clear()
+    best, points = r.refine(grid, "bst", {lr: 1e-3, l2: 0.0}, tmp_path, l2)
+    assert [c[l2] for c in calls] == [0.0, 3e-4, 1e-3] and best == {lr: 1e-3, l2: 3e-4}
+    calls.clear()
+    monkeypatch.setattr(r.quality, "fit", _fake_fit({lr: 1e-3, l2: 0.0})[0])
+    best, points = r.refine(grid, "bst", {lr: 1e-3, l2: 0.0}, tmp_path, l2)
+    assert best == {lr: 1e-3, l2: 0.0} and sorted(p["setting"][l2] for p in points) == [0.0, 3e-4]
+
+
 def test_the_early_stopping_overlay_is_the_default_callback_list_but_its_monitor():
     """configs/quality/es_auc_gauc.yaml replaces the whole callback list, so it must follow
     configs/trainer.yaml: the same callbacks, only early stopping's monitor changed."""
