@@ -206,7 +206,9 @@ def table(models: dict, seconds: dict[str, list[float]], reference: str, batch: 
         row = {"samples_per_s": batch / med, "tokens": module.ranker.n_tokens, "params": n_params}
         row["vs_reference"] = statistics.median(ref) / med if ref else float("nan")
         paired = [r / s for r, s in zip(ref, seconds[name], strict=True)] if ref else [float("nan")] * 2
-        q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        # "inclusive": quartiles within the rounds' range; the default ("exclusive") extrapolates
+        # past it at a few rounds, to below zero when two rounds differ by 4x (a busy machine).
+        q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else paired * 3
         row["vs_reference_paired"], row["vs_reference_iqr"] = statistics.median(paired), [q1, q3]
         rows[name] = row
         size = f"{name:32s} {module.ranker.n_tokens:6d} {n_params:9d} {batch / med:10.0f}"

@@ -153,6 +153,25 @@ def test_throughput_bench_times_every_model_and_token_option(tiny_data, tmp_path
     assert all(r["samples_per_s"] > 0 for r in rows.values())
 
 
+def test_the_paired_ratios_quartiles_stay_within_its_rounds(monkeypatch):
+    """Two rounds 5x apart (a busy machine): the quartiles lie within the rounds' ratios, where
+    statistics.quantiles' default method extrapolated the lower one below zero."""
+    import torch
+
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    b = load_bench("bench_throughput")
+    module = torch.nn.Linear(2, 2)
+    module.ranker = type("R", (), {"n_tokens": 3})()
+    rows = b.table(
+        {"ref": (module, None), "other": (module, None)}, {"ref": [1.0, 1.0], "other": [1.0, 0.2]}, "ref", 8
+    )
+    lo, hi = rows["other"]["vs_reference_iqr"]
+    assert 1.0 <= lo <= rows["other"]["vs_reference_paired"] == 3.0 <= hi <= 5.0
+    assert rows["ref"]["vs_reference_iqr"] == [1.0, 1.0]
+
+
 def test_gauc_headroom_factorises_the_train_split_and_scores_its_chosen_epoch(tiny_data):
     from tests.conftest import load_bench
 
