@@ -113,7 +113,7 @@ class Ranker(nn.Module):
         """What pools the history for the fields (``history_pool``): DIN's attention unit
         (``target``, ``mean_target``), or the gate table of ``rating``, one logit per value of the
         events' first categorical (MovieLens: the rating); None each otherwise."""
-        if cfg.history_pool in ("target", "mean_target", "rating", "items") and not dims.max_len:
+        if cfg.history_pool not in ("mean", "none") and not dims.max_len:  # every other pool reads events
             raise ValueError(
                 f"history_pool={cfg.history_pool!r} needs a history (a feature spec with a sequence)"
             )
