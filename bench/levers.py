@@ -13,6 +13,12 @@ GAUC of the kept checkpoint (best by their sum since 2026-12-06, by AUC before),
 the run (at whichever validation), the kept checkpoint's epoch and whether the run stopped at the
 cap. Finished fits are
 kept (``done.json``): a rerun adds what is missing. Results: ``<out>/levers.json``.
+
+With ``--reference``, a run folder per seed (``{seed}`` in the path; for example the quality
+table's runs of the default, which are these variants' fits without their extra arguments), each
+variant's row also gives the change of the kept checkpoint's val AUC + GAUC against the reference's
+at every seed and docs/levers.md's verdict (``RULE_FLOOR``): mean change above zero, no seed below
+the floor.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ import cli_runs
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+RULE_FLOOR = -0.002
+"""The lowest change of val AUC + GAUC one seed may show for a lever to join the default
+(docs/levers.md's rule, set 2026-12-03 before the first lever was measured)."""
 
 
 def run_variant(spec: dict, name: str, args: list[str], seed: int, out: Path) -> dict:
@@ -66,11 +75,24 @@ def scores(run_dir: Path, cap: int) -> dict:
     }
 
 
-def table(results: list[dict], names: list[str]) -> str:
-    lines = [
-        "| variant | seeds | val AUC | val GAUC (kept checkpoint) | best val GAUC | peak epoch | hit cap |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+def verdict(rs: list[dict], reference: str) -> str:
+    """The change of val AUC + GAUC of each seed's kept checkpoint against the run folder
+    ``reference`` names for that seed (``{seed}`` in it), and the rule's verdict on them."""
+    changes = []
+    for r in rs:
+        ref = Path(reference.format(seed=r["seed"]))
+        if not (ref / "metrics.csv").is_file():
+            raise FileNotFoundError(f"--reference: {ref} holds no metrics.csv (seed {r['seed']})")
+        kept = cli_runs.validations(ref)[1]
+        changes.append(r["val_auc"] + r["val_gauc"] - float(kept["val/auc"]) - float(kept["val/gauc"]))
+    passes = statistics.mean(changes) > 0 and min(changes) >= RULE_FLOOR
+    return f"{' / '.join(f'{c:+.4f}' for c in changes)}: {'passes' if passes else 'fails'}"
+
+
+def table(results: list[dict], names: list[str], reference: str | None = None) -> str:
+    head = "| variant | seeds | val AUC | val GAUC (kept checkpoint) | best val GAUC | peak epoch | hit cap |"
+    head += " change of AUC + GAUC per seed |" if reference else ""
+    lines = [head, "|" + " --- |" * head.count(" |")]
     for name in names:
         rs = sorted((r for r in results if r["name"] == name), key=lambda r: r["seed"])
         if not rs:
@@ -80,6 +102,7 @@ def table(results: list[dict], names: list[str]) -> str:
             f"| {name} | {len(rs)} | {mean('val_auc'):.4f} | {mean('val_gauc'):.4f} | "
             f"{mean('best_val_gauc'):.4f} | {', '.join(str(r['peak_epoch']) for r in rs)} | "
             f"{sum(r['hit_cap'] for r in rs)}/{len(rs)} |"
+            + (f" {verdict(rs, reference)} |" if reference else "")
         )
     return "\n".join(lines)
 
@@ -91,6 +114,11 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--jobs", type=int, default=2, help="fits at a time, one torch thread each")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "levers")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="run folder of the reference per seed, {seed} in it: adds each variant's change and verdict",
+    )
     a = p.parse_args()
     spec = yaml.safe_load(a.spec.read_text())
     variants: dict[str, list[str]] = {k: list(v or []) for k, v in spec["variants"].items()}
@@ -106,7 +134,7 @@ def main() -> None:
     old = json.loads(path.read_text()) if path.is_file() else []
     merged = {(r["name"], r["seed"]): r for r in [*old, *results]}
     path.write_text(json.dumps(list(merged.values()), indent=2))
-    print(table(list(merged.values()), names))
+    print(table(list(merged.values()), names, a.reference))
 
 
 if __name__ == "__main__":

@@ -422,3 +422,34 @@ def test_the_early_stopping_overlay_is_the_default_callback_list_but_its_monitor
     assert len(stops) == 1 and overlay[stops[0]]["init_args"].pop("monitor") == "val/auc_gauc"
     default[stops[0]]["init_args"].pop("monitor")
     assert overlay == default
+
+
+def test_the_levers_table_gives_each_seeds_change_against_the_reference_and_the_rule(tmp_path, monkeypatch):
+    """bench/levers.py --reference: the change of the kept checkpoint's val AUC + GAUC per seed
+    against the reference run of that seed, and the rule's verdict (mean above zero, no seed below
+    -0.002); a reference folder without metrics names the folder."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    levers = load_bench("levers")
+    head = "epoch,step,val/auc,val/gauc,val/auc_gauc\n"
+    for seed, rows in {0: "0,9,0.80,0.60,1.40\n1,19,0.81,0.61,1.42\n", 1: "0,9,0.80,0.60,1.40\n"}.items():
+        (tmp_path / f"ref{seed}").mkdir()
+        (tmp_path / f"ref{seed}" / "metrics.csv").write_text(head + rows)
+    row = dict(best_val_gauc=0.62, peak_epoch=3, hit_cap=False)
+    gains = [
+        dict(row, name="up", seed=0, val_auc=0.815, val_gauc=0.610),
+        dict(row, name="up", seed=1, val_auc=0.80, val_gauc=0.601),
+    ]
+    mixed = [
+        dict(row, name="mixed", seed=0, val_auc=0.83, val_gauc=0.61),
+        dict(row, name="mixed", seed=1, val_auc=0.797, val_gauc=0.600),
+    ]
+    out = levers.table(gains + mixed, ["up", "mixed"], str(tmp_path / "ref{seed}"))
+    up, mixed_row = out.splitlines()[2:]
+    assert up.endswith("| +0.0050 / +0.0010: passes |"), up
+    assert mixed_row.endswith("| +0.0200 / -0.0030: fails |"), mixed_row  # one seed below the floor
+    assert out.splitlines()[1].count("---") == out.splitlines()[0].count(" |")
+    assert "change of AUC + GAUC" not in levers.table(gains, ["up"])
+    with pytest.raises(FileNotFoundError, match="ref2"):
+        levers.table([dict(gains[0], seed=2)], ["up"], str(tmp_path / "ref{seed}"))
