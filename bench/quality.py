@@ -96,6 +96,11 @@ Measured (2 CPU cores; docs/quality.md holds the latest):
   Transformer test AUC 0.8153 ± 0.0011, GAUC 0.6847 (0.6875, 0.6820, 0.6846: the best baseline
   + 0.0117, + 0.0069, + 0.0102), paired against DIN +0.0003, +0.0013, +0.0001; DeepFM's and DCN-V2's
   kept validation scores rose most; 3,399 samples/s, 1.89x BST (1,800).
+- 2026-12-07 evening, every model's embedding L2 refined (``bench/quality_refine.py --key l2``: the
+  Transformer, DIN and DeepFM 3e-4, BST 1e-3) and every run retrained (DCN-V2 and popularity,
+  unchanged, came out identical): the Transformer test AUC 0.8160 ± 0.0020, GAUC 0.6891 (the best
+  baseline + 0.0119, + 0.0159, + 0.0175), paired against DIN +0.0019, -0.0008, +0.0005; DeepFM's
+  validation gain did not carry to test (AUC 0.7965 -> 0.7931); 2,655 samples/s, 1.78x BST (1,493).
 """
 
 from __future__ import annotations
