@@ -427,29 +427,56 @@ def test_the_early_stopping_overlay_is_the_default_callback_list_but_its_monitor
 def test_the_levers_table_gives_each_seeds_change_against_the_reference_and_the_rule(tmp_path, monkeypatch):
     """bench/levers.py --reference: the change of the kept checkpoint's val AUC + GAUC per seed
     against the reference run of that seed, and the rule's verdict (mean above zero, no seed below
-    -0.002); a reference folder without metrics names the folder."""
+    -0.002, over 3 seeds: "so far" with fewer, unless a seed is already below the floor); a
+    reference folder without metrics, or a path without {seed}, is named in the error."""
     from tests.conftest import load_bench
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     levers = load_bench("levers")
     head = "epoch,step,val/auc,val/gauc,val/auc_gauc\n"
-    for seed, rows in {0: "0,9,0.80,0.60,1.40\n1,19,0.81,0.61,1.42\n", 1: "0,9,0.80,0.60,1.40\n"}.items():
+    refs = {
+        0: "0,9,0.80,0.60,1.40\n1,19,0.81,0.61,1.42\n",
+        1: "0,9,0.80,0.60,1.40\n",
+        2: "0,9,0.79,0.6,1.39\n",
+    }
+    for seed, rows in refs.items():
         (tmp_path / f"ref{seed}").mkdir()
         (tmp_path / f"ref{seed}" / "metrics.csv").write_text(head + rows)
     row = dict(best_val_gauc=0.62, peak_epoch=3, hit_cap=False)
     gains = [
         dict(row, name="up", seed=0, val_auc=0.815, val_gauc=0.610),
         dict(row, name="up", seed=1, val_auc=0.80, val_gauc=0.601),
+        dict(row, name="up", seed=2, val_auc=0.789, val_gauc=0.6),
     ]
     mixed = [
         dict(row, name="mixed", seed=0, val_auc=0.83, val_gauc=0.61),
         dict(row, name="mixed", seed=1, val_auc=0.797, val_gauc=0.600),
     ]
-    out = levers.table(gains + mixed, ["up", "mixed"], str(tmp_path / "ref{seed}"))
+    reference = str(tmp_path / "ref{seed}")
+    out = levers.table(gains + mixed, ["up", "mixed"], reference)
     up, mixed_row = out.splitlines()[2:]
-    assert up.endswith("| +0.0050 / +0.0010: passes |"), up
+    assert up.endswith("| +0.0050 / +0.0010 / -0.0010: passes |"), up
     assert mixed_row.endswith("| +0.0200 / -0.0030: fails |"), mixed_row  # one seed below the floor
     assert out.splitlines()[1].count("---") == out.splitlines()[0].count(" |")
+    two = levers.table(gains[:2], ["up"], reference).splitlines()[2]
+    assert two.endswith("| +0.0050 / +0.0010: passes so far (2 of the rule's 3 seeds) |"), two
     assert "change of AUC + GAUC" not in levers.table(gains, ["up"])
-    with pytest.raises(FileNotFoundError, match="ref2"):
-        levers.table([dict(gains[0], seed=2)], ["up"], str(tmp_path / "ref{seed}"))
+    with pytest.raises(FileNotFoundError, match="ref3"):
+        levers.table([dict(gains[0], seed=3)], ["up"], reference)
+    with pytest.raises(ValueError, match="expected a path with {seed}"):
+        levers.reference_run(str(tmp_path / "ref0"), 0)
+
+
+def test_levers_checks_the_reference_before_any_fit(tmp_path, monkeypatch):
+    """A --reference with no run for a seed fails at once, naming the folder, not after the fits."""
+    from tests.conftest import load_bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    levers = load_bench("levers")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("config: c.yaml\ndata_dir: d\ndata_config: dc.yaml\nepochs: 2\nvariants: {a: []}\n")
+    monkeypatch.setattr(levers, "run_variant", lambda *a: pytest.fail("a fit ran before the check"))
+    argv = ["levers.py", "--spec", str(spec), "--out", str(tmp_path / "out"), "--seeds", "0"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--reference", str(tmp_path / "none{seed}")])
+    with pytest.raises(FileNotFoundError, match="none0"):
+        levers.main()
