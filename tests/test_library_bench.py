@@ -112,11 +112,11 @@ def test_the_search_extends_an_edge_choice_and_keeps_each_stages_best(monkeypatc
     assert len(done) == len(runs) and not any(r["l2"] < 0 for r in runs)
     dropouts = [r["dropout"] for r in runs if r["l2"] == 0.0 and r["embed"] == 16 and r["lr"] == 9e-3]
     assert dropouts == [0.0, 0.1, 0.3, 0.5, 0.7, 0.9]  # the l2 stage's 0, then on from each edge to the cap
-    assert [r["embed"] for r in runs if r["embed"] != 16] == [64] and all(
-        type(r["embed"]) is int for r in runs
-    )
+    assert [r["embed"] for r in runs if r["embed"] != 16] == [64, 8]  # 16 at the lower edge: halved
+    assert all(type(r["embed"]) is int for r in runs)  # a width is never rounded to a float
     # the rate once more at the final values: its neighbours run, the chosen fit is not rerun
     assert runs[-2:] == [{**final, "lr": 3e-3}, {**final, "lr": 2.7e-2}] and runs.count(final) == 1
+    assert lb._extended("embed", [16, 64], 64) == 128 and lb._extended("embed", [4, 8], 4) is None
     assert lb._extended("l2", [0.0, 1e-6], 0.0) is None and lb._extended("lr", [1e-3, 3e-3], 1e-3) == 1e-3 / 3
 
 
