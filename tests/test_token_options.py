@@ -124,6 +124,32 @@ def test_the_item_bias_starts_at_zero_and_adds_one_learned_logit_per_target_item
     torch.testing.assert_close(moved, torch.where(same, 2.0, 0.0))
 
 
+def test_deepfms_first_order_ids_add_a_learned_scalar_per_context_and_target_id():
+    dims = tiny_dims()
+    tables = random_item_tables(dims)
+    models = []
+    for first_order in ("fields", "ids"):
+        torch.manual_seed(0)
+        m = build_model("deepfm", RankerConfig(d_model=16, n_heads=2, first_order=first_order), dims).eval()
+        m.set_item_tables(*tables)
+        models.append(m)
+    base, ranker = models
+    batch = random_batch(dims, batch_size=6)
+    torch.testing.assert_close(ranker(batch), base(batch))  # zero at init: the same model
+    assert ranker.param_kinds()["first_ids.weight"] == "table"  # the embedding penalty applies
+    rows_BJ = ranker.tokens.sample_id_rows(batch)
+    n_cat = ranker.tokens.n_cat
+    assert rows_BJ.shape[1] == n_cat + ranker.tokens.item_ids  # context ids, then the target's bag
+    picked = [rows_BJ[0, 0].item(), rows_BJ[0, n_cat].item()]  # a context id and the target's id
+    with torch.no_grad():
+        ranker.first_ids.weight[picked, 0] = torch.tensor([2.0, -0.5])
+        moved = ranker(batch) - base(batch)
+    expected = 2.0 * (rows_BJ == picked[0]).sum(1) - 0.5 * (rows_BJ == picked[1]).sum(1)
+    torch.testing.assert_close(moved, expected.float())
+    with pytest.raises(ValueError, match="first_order='ids' is DeepFM's first-order term; arch='dcnv2'"):
+        build_model("dcnv2", RankerConfig(d_model=16, n_heads=2, first_order="ids"), dims)
+
+
 def test_the_fm_option_adds_every_pairwise_field_product_to_the_logit():
     base, batch = _ranker()
     ranker, _ = _ranker(fm=True)

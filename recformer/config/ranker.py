@@ -70,6 +70,13 @@ class RankerConfig:
     """A learned logit per target item added to the head's output: the first-order term of
     FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
     blocks need not carry, and the tokens model how it differs by user and context."""
+    first_order: Literal["fields", "ids"] = "fields"
+    """DeepFM's first-order term (read by ``arch: deepfm`` alone): ``fields``, a linear map of the
+    flattened field embeddings (a scalar per id is one of its solutions, shared with the FM's and
+    the DNN's use of that embedding); ``ids``, that plus a learned scalar per id of the context
+    categoricals and of the target item's bag (its id and side features), summed: the w_i x_i of
+    the FM as Guo et al. 2017 and the CTR libraries (DeepCTR's linear part) build it, each id's
+    weight its own. The scalars start at zero and take ``embedding_l2`` as any table does."""
     fm: bool = False
     """DeepFM's factorisation machine beside the blocks: the pairwise inner products of the fields
     (context tokens, mean-pooled history, target; ``model/fm.py``) added to the head's logit

@@ -23,6 +23,11 @@ BASELINES = {
 
 
 def build_model(arch: Arch, cfg: RankerConfig, dims: FeatureDims) -> RankerNet:
+    if cfg.first_order != "fields" and arch != "deepfm":
+        raise ValueError(
+            f"model.ranker.first_order={cfg.first_order!r} is DeepFM's first-order term; arch={arch!r} "
+            "has none: leave it at 'fields' (the Transformer's per-item scalar is model.ranker.item_bias)"
+        )
     if arch == "transformer":
         return Ranker(cfg, dims)
     if arch in BASELINES:

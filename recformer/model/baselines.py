@@ -29,6 +29,7 @@ import dataclasses
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from recformer.batch import Batch
@@ -194,7 +195,8 @@ both papers' public implementations (and FuxiCTR's)."""
 
 class DeepFMRanker(TokenBaseline):
     """logit = first-order terms + FM pairwise interactions + DNN (Guo et al. 2017). The first-order
-    terms are a linear function of the field embeddings (a scalar per id is one of its solutions)."""
+    terms are a linear function of the field embeddings (a scalar per id is one of its solutions),
+    and with ``first_order: ids`` also a scalar per id of its own (``_id_weights``)."""
 
     def __init__(self, cfg: RankerConfig, dims: FeatureDims) -> None:
         super().__init__()
@@ -205,6 +207,24 @@ class DeepFMRanker(TokenBaseline):
         self.dnn = dnn(d_in, widths, cfg.dropout)
         self.out = nn.Linear(widths[-1], 1)
         self._init()
+        # One scalar per row of the tokens' table, so a sample's ids index both alike; built after
+        # the rest is drawn, so every other weight starts as without it, and zero: the same model.
+        rows = self.tokens.table.num_embeddings
+        ids = cfg.first_order == "ids"
+        self.first_ids = nn.Embedding(rows, 1, _weight=torch.zeros(rows, 1)) if ids else None
+
+    def param_kinds(self) -> dict[str, ParamKind]:
+        kinds = super().param_kinds()
+        if self.first_ids is not None:
+            kinds["first_ids.weight"] = "table"  # a row trains only where a batch reads it
+        return kinds
+
+    def _id_weights(self, batch: Batch) -> torch.Tensor:
+        """[B]: the sum of the per-id scalars of the context categoricals and the target item's
+        bag (id and side-feature rows; an absent value's padding row adds nothing)."""
+        ids_BJ = self.tokens.sample_id_rows(batch)
+        w = self.first_ids.weight
+        return F.embedding_bag(ids_BJ, w, mode="sum", padding_idx=self.tokens.pad_row).squeeze(-1)
 
     def flop_terms(self) -> list[flops.Term]:
         once = flops.matrix_params(self.first) + flops.matrix_params(self.dnn) + flops.matrix_params(self.out)
@@ -214,7 +234,10 @@ class DeepFMRanker(TokenBaseline):
         v_BFD = self.fields(batch)
         flat_BX = v_BFD.flatten(1)
         fm_B = fm.pairwise(v_BFD)
-        return (self.first(flat_BX).squeeze(-1) + fm_B + self.out(self.dnn(flat_BX)).squeeze(-1)).float()
+        first_B = self.first(flat_BX).squeeze(-1)
+        if self.first_ids is not None:
+            first_B = first_B + self._id_weights(batch)
+        return (first_B + fm_B + self.out(self.dnn(flat_BX)).squeeze(-1)).float()
 
 
 class DCNv2Ranker(TokenBaseline):

@@ -339,6 +339,12 @@ class FeatureTokenizer(nn.Module):
         at_N = torch.cat([context_BF, distinct.inverse_BS], dim=1).flatten()
         return own_BUD + item_UD.index_select(0, at_N).view(B, F_ + S, D)  # backward: index_add_
 
+    def sample_id_rows(self, batch: Batch) -> torch.Tensor:
+        """[B, J]: the table rows of each sample's single-valued ids, its context categoricals and
+        its target item's bag (id, side features; an absent value's row is the padding row)."""
+        target_BJ = self._item_ids(batch.target_item)
+        return torch.cat([batch.cat + self.cat_offsets, target_BJ], dim=1) if self.n_cat else target_BJ
+
     def _item_ids(self, items: torch.Tensor) -> torch.Tensor:
         """Table rows of each item's bag: its id row, then its feature values' rows, [*items, J]."""
         ids = self._item_embedding_rows(items).unsqueeze(-1) + self.item_offset
