@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow faults lint bench quality complexity lab-smoke clean
+.PHONY: install demo test test-slow faults lint bench quality library-check complexity lab-smoke clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -67,6 +67,18 @@ quality: install
 	$(BIN)/python bench/quality.py --stage final
 	$(BIN)/python bench/quality.py --stage throughput
 	$(BIN)/python bench/quality.py --stage report
+
+# The same baselines from a library, DeepCTR-Torch's DeepFM, DCN-V2 and DIN, tuned and tested on
+# this split beside the quality table's runs (bench/library_baselines.py; about an hour on 2 cores).
+# deepctr-torch is installed into the venv here, not a recformer dependency; it imports requests
+# without requiring it, and --no-deps keeps pip from touching torch.
+library-check: install
+	@test -f $(DATA)/spec.yaml || $(BIN)/recformer data movielens --out $(DATA)
+	$(BIN)/pip install -q --no-deps "deepctr-torch==0.3.0"
+	$(BIN)/pip install -q requests scikit-learn tqdm
+	$(BIN)/python bench/library_baselines.py --stage tune --jobs 2 --data $(DATA)
+	$(BIN)/python bench/library_baselines.py --stage final --jobs 2 --data $(DATA)
+	$(BIN)/python bench/library_baselines.py --stage report --data $(DATA)
 
 complexity: install
 	$(BIN)/python bench/complexity.py

@@ -5,6 +5,7 @@ DeepCTR-Torch's DeepFM, DCN with the full-rank cross matrix (DCN-V2) and DIN bes
     python bench/library_baselines.py --stage tune --jobs 2       # each model's grid, seed 0
     python bench/library_baselines.py --stage final --jobs 2      # the chosen settings, seeds 0-2
     python bench/library_baselines.py --stage report              # beside bench/out/quality's table
+    make library-check                                            # the install and the three stages
 
 Issue 29 asks for baselines a reviewer cannot argue with; a held-out check found recformer's DeepFM
 and DCN-V2 weaker than a library's. This puts the library's models on the shipped MovieLens split
@@ -325,6 +326,10 @@ def _recformer_logits(a: argparse.Namespace, seeds: list[int]) -> tuple[dict[int
 def report(a: argparse.Namespace) -> str:
     """Markdown: each library model beside recformer's own (means over seeds), and the default
     Transformer against each library model, seed by seed (paired DeLong on the same test rows)."""
+    needed = ((a.out / "final.json", "this script's --stage final"), (a.quality, "bench/quality.py"))
+    for path, stage in needed:
+        if not path.exists():
+            raise SystemExit(f"{path}: not found; the report reads the runs of {stage}")
     runs = json.loads((a.out / "final.json").read_text())
     ours = json.loads(a.quality.read_text())
     logits = np.load(a.out / "test_logits.npz")

@@ -167,3 +167,14 @@ def test_a_fit_stops_after_its_patience_and_keeps_the_best_auc_plus_gauc(monkeyp
     out = lb.fit(job)
     assert [h["epoch"] for h in out["history"]] == [1, 2, 3, 4]  # no better AUC at 3 and 4: stopped
     assert out["kept"]["epoch"] == 3 and net.loaded == 3 and not out["hit_cap"]
+
+
+def test_the_report_names_the_runs_it_lacks(tmp_path):
+    lb = load_bench("library_baselines")
+    out = tmp_path / "library"
+    with pytest.raises(SystemExit, match=r"final.json: not found; the report reads the runs of this script"):
+        lb.main(["--stage", "report", "--out", str(out)])
+    (out / "final.json").write_text("[]")
+    missing = tmp_path / "quality.json"
+    with pytest.raises(SystemExit, match=r"quality.json: not found; the report reads the runs of bench"):
+        lb.main(["--stage", "report", "--out", str(out), "--quality", str(missing)])
