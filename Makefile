@@ -73,6 +73,7 @@ quality: install
 # deepctr-torch is installed into the venv here, not a recformer dependency; it imports requests
 # without requiring it, and --no-deps keeps pip from touching torch.
 library-check: install
+	@test -f bench/out/quality/final.json || { echo "bench/out/quality/final.json: not found; the report compares with make quality's runs: run make quality first"; exit 1; }
 	@test -f $(DATA)/spec.yaml || $(BIN)/recformer data movielens --out $(DATA)
 	$(BIN)/pip install -q --no-deps "deepctr-torch==0.3.0"
 	$(BIN)/pip install -q requests scikit-learn tqdm

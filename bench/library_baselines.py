@@ -1,7 +1,8 @@
 """The classic baselines as a well-known library builds them, on recformer's split and metrics:
 DeepCTR-Torch's DeepFM, DCN with the full-rank cross matrix (DCN-V2) and DIN beside recformer's own.
 
-    pip install deepctr-torch==0.3.0 requests scikit-learn tqdm   # not recformer dependencies
+    pip install --no-deps deepctr-torch==0.3.0                    # not a recformer dependency; no-deps:
+    pip install requests scikit-learn tqdm                        #   pip leaves the venv's torch alone
     python bench/library_baselines.py --stage tune --jobs 2       # each model's grid, seed 0
     python bench/library_baselines.py --stage final --jobs 2      # the chosen settings, seeds 0-2
     python bench/library_baselines.py --stage report              # beside bench/out/quality's table
@@ -15,36 +16,40 @@ features; the item's genres, the history's items (sharing the item table) and th
 ratings as variable-length sparse features, mean-pooled (DIN attends over the history's items
 instead); the five dense features scaled as the spec says; the item's 384-dim content embedding as
 a dense feature. Not given: the history's time gaps and the history items' content, which only
-recformer's tokenizer reads. Embeddings 16 wide (the library's examples use 4-8), the library's
-default towers.
+recformer's tokenizer reads. The library's default towers; the embedding width is searched.
 
 Each fit trains with the library's own step (``model.fit``, one epoch a call, batch 256, shuffled;
 its summed log loss plus its L2 terms under Adam), validates after every epoch, stops after 2
 epochs without a better val AUC (recformer's default waits 4 half-epoch validations: the same 2
 epochs), at most 20 epochs, and keeps the epoch with the best val AUC + val GAUC, the score
-recformer's checkpoints and grid use. The tuning budget is recformer's grid's kind: at seed 0, the
-learning rate, then the embedding L2 penalty (the library's ``l2_reg_embedding``, applied to every
-table row every step), then the DNN dropout, each chosen on val AUC + GAUC with an edge choice
-extended by one step; the test split is read only by ``final``. AUC and GAUC are
+recformer's checkpoints and grid use. The tuning budget is recformer's grid's kind (``GRID``): at
+seed 0, the learning rate, then the embedding L2 penalty (the library's ``l2_reg_embedding``,
+applied to every table row every step), then the DNN dropout, then the embedding width, then the
+rate once more, each chosen on val AUC + GAUC, an edge choice extended step by step until the best
+sits inside; the test split is read only by ``final``. AUC and GAUC are
 ``recformer.metrics.exact``'s, on the same rows as recformer's table.
 
 Measured 2026-12-07 (deepctr-torch 0.3.0, torch 2.13 CPU, 2 cores; the tune stage about 40 minutes,
-final 11, two fits at a time; recformer's figures: the tenth table, bench/out/quality). Chosen on
-validation (lr, l2, dropout, width): DeepFM 1e-3, 0.1, 0.3, 64; DCN 3e-3, 0.1, 0.3, 64; DIN 3e-3,
-1e-4, 0, 64. Means over seeds 0-2, library against recformer's own:
+final 11 alone, two fits at a time; recformer's figures: the tenth table, bench/out/quality). The
+search ran before two fixes and was not rerun: negative dense values (17 rows of days_since_release
+at -1) were scaled as 0 instead of as recformer's encoder scales them, and the id tables were sized
+on train and val; the final fits ran after both, at the search's choices (lr, l2, dropout, width):
+DeepFM 1e-3, 0.1, 0.3, 64; DCN 3e-3, 0.1, 0.3, 64; DIN 3e-3, 1e-4, 0, 64. Means over seeds 0-2,
+library / recformer's own:
 
     model    val AUC          val GAUC         test AUC         test GAUC
-    DeepFM   0.8024 / 0.8031  0.6702 / 0.6829  0.7928 / 0.7931  0.6698 / 0.6663
-    DCN-V2   0.8028 / 0.8058  0.6737 / 0.6851  0.7968 / 0.7995  0.6708 / 0.6715
-    DIN      0.7924 / 0.8118  0.6513 / 0.6638  0.7863 / 0.8155  0.6474 / 0.6701
+    DeepFM   0.8015 / 0.8031  0.6704 / 0.6829  0.7939 / 0.7931  0.6735 / 0.6663
+    DCN-V2   0.8027 / 0.8058  0.6735 / 0.6851  0.7967 / 0.7995  0.6711 / 0.6715
+    DIN      0.7922 / 0.8118  0.6514 / 0.6638  0.7866 / 0.8155  0.6496 / 0.6701
 
-recformer's baselines lead on validation, and on test are level or ahead in the means but for
-DeepFM's test GAUC, where the library's is ahead by 0.0031, 0.0049, 0.0024 (seeds 0-2). The
-library's DIN keeps its
-first epoch on every seed and trails by 0.029 AUC: its attention reads the history's item ids
-alone (the events' ratings are a mean-pooled field beside it). The default Transformer leads every
-library model on every seed: AUC +0.0213 to +0.0320 (paired DeLong intervals above zero), GAUC
-+0.0115 to +0.0449.
+recformer's three lead on validation on every seed. On test DCN-V2 and DIN are level or ahead, and
+DeepFM is level on AUC (the library's +0.0002, +0.0025, -0.0005 on seeds 0-2) and behind on GAUC:
+the library's leads by 0.0095, 0.0062, 0.0058. The library's DIN keeps its first epoch on every
+seed and trails by 0.029 AUC; its attention reads the history's item ids alone, the events'
+ratings a mean-pooled field beside it (how much of the gap that explains is not measured). The
+default Transformer leads every library model on every seed: AUC +0.0168 to +0.0314 (paired
+DeLong intervals above zero), GAUC +0.0115 to +0.0429. The final fits before the two fixes gave
+the library's DeepFM a test GAUC of 0.6698, DCN-V2 0.6708, DIN 0.6474.
 """
 
 from __future__ import annotations
@@ -75,15 +80,30 @@ GRID = (
     ("embed", [16, 64]),
     ("lr", []),
 )
-"""The stages in order, each at the earlier stages' choices (seed 0), and each stage's values (the
-penalty's reach 1e-1: the library adds it to a loss summed over the batch, not its mean, so its
-scale differs from recformer's ``embedding_l2``, and a search stepping up from 1e-3 stopped at a
-dip of DeepFM's score at 1e-2 where DCN's went on to its best at 1e-1);
-``embed``: the width of every sparse feature's embedding; the last stage, the learning rate once
-more at the final values (its neighbours on the 1-3 ladder), as recformer's grid ends."""
+"""The stages in order, each at the earlier stages' choices (seed 0), and each stage's values. The
+penalty's reach 1e-1 from the start: the library adds it to a loss summed over the batch, not its
+mean, so its scale is not recformer's ``embedding_l2``'s, and one model's score can dip on the way
+to its best. ``embed``: the width of every sparse feature's embedding. The last stage is the
+learning rate once more at the final values, x3 and /3 around it, as recformer's grid ends."""
 START = {"lr": 1e-3, "l2": 1e-5, "dropout": 0.0, "embed": 16}
 """The library's defaults (Adam's rate, DeepFM's and DCN's ``l2_reg_embedding``, no dropout); the
 width its examples use is 4-8, recformer's 64."""
+
+
+COLUMNS = ("user_id", "item_id", "hour", "dow", "hist_item_ids", "hist_ratings")
+"""The split's columns ``library_inputs`` reads beside the spec's label, group and dense ones."""
+ITEM_COLUMNS = ("item_id", "year_bucket", "genre_ids")
+"""The side table's columns it reads beside the spec's content column."""
+
+
+def _require(table, where: Path, names) -> None:
+    """Refuse a table without the columns ``library_inputs`` reads, naming the file and them."""
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise ValueError(
+            f"{where}: no column {', '.join(missing)}; "
+            "expected MovieLens as `recformer data movielens` writes it"
+        )
 
 
 def _padded(lists, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,11 +118,12 @@ def _padded(lists, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dense(table, spec: dict) -> dict[str, np.ndarray]:
-    """The spec's dense columns as its own tokenizer scales them: log1p where set, then (x - mean) / std."""
+    """The spec's dense columns as recformer's encoder scales them (``recformer/data/encode.py``):
+    sign(x) log1p(|x|) where ``log1p`` is set, then (x - mean) / std."""
     out = {}
     for d in spec["dense"]:
         x = table.column(d["name"]).to_numpy().astype(np.float64)
-        x = np.log1p(np.maximum(x, 0.0)) if d.get("log1p") else x
+        x = np.sign(x) * np.log1p(np.abs(x)) if d.get("log1p") else x
         out[d["name"]] = ((x - d["mean"]) / d["std"]).astype(np.float32)
     return out
 
@@ -112,6 +133,10 @@ def library_inputs(data_dir: Path, split: str) -> tuple[dict[str, np.ndarray], n
     spec = yaml.safe_load((data_dir / "spec.yaml").read_text())
     table = ds.dataset(data_dir / split, format="parquet").to_table()
     items = ds.dataset(data_dir / spec["item"]["side_table"], format="parquet").to_table()
+    _require(
+        table, data_dir / split, [*COLUMNS, spec["label"], spec["group"], *(d["name"] for d in spec["dense"])]
+    )
+    _require(items, data_dir / spec["item"]["side_table"], [*ITEM_COLUMNS, spec["item"]["content_column"]])
     item_row = np.full(int(items.column("item_id").to_numpy().max()) + 1, -1, dtype=np.int64)
     item_row[items.column("item_id").to_numpy()] = np.arange(items.num_rows)
     item = table.column("item_id").to_numpy().astype(np.int64)
@@ -187,45 +212,76 @@ def _predict(net, x: dict[str, np.ndarray]) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def _scores(net, split: tuple) -> dict[str, float]:
+def _scores(net, split: tuple) -> dict[str, float] | None:
+    """Val or test AUC and GAUC of the model's predictions; None where a prediction is not finite."""
     x, y, users = split
     s = _predict(net, x)
+    if not np.isfinite(s).all():
+        return None
     return {"auc": exact_auc(s, y), "gauc": gauc(users, s, y)[0]}
 
 
+def _spec_dense(data: Path) -> list[str]:
+    """The spec's dense columns, by name."""
+    return [d["name"] for d in yaml.safe_load((data / "spec.yaml").read_text())["dense"]]
+
+
 def fit(job: dict) -> dict:
-    """One fit (``job``: model, setting, seed, data, splits to score); its per-epoch validation, the
-    kept epoch and, with ``test``, that epoch's test AUC and GAUC."""
+    """One fit (``job``: model, setting, seed, data, ``score_test``); its per-epoch
+    validation, the kept epoch (None if the first epoch already diverged) and, with ``test``, that
+    epoch's test AUC, GAUC and logits. The id tables are sized over all three splits, as the
+    library's examples fit their encoders on the whole log; test labels are read only with ``test``."""
     import torch
 
     torch.set_num_threads(job.get("threads", 1))
     torch.manual_seed(job["seed"])
     data = Path(job["data"])
-    splits = {s: library_inputs(data, s) for s in ("train", "val", *(["test"] if job["test"] else []))}
+    splits = {s: library_inputs(data, s) for s in ("train", "val", "test")}
     sizes = vocab_sizes([x for x, _, _ in splits.values()])
-    dense = [d["name"] for d in yaml.safe_load((data / "spec.yaml").read_text())["dense"]]
-    cols = feature_columns(sizes, dense, splits["train"][0]["content"].shape[1], job["setting"]["embed"])
+    cols = feature_columns(
+        sizes, _spec_dense(data), splits["train"][0]["content"].shape[1], job["setting"]["embed"]
+    )
     net = build(job["model"], cols, job["setting"], job["seed"])
+    history, best_state, stopped, diverged = _train(net, splits, job)
+    kept = max(history, key=lambda h: h["auc"] + h["gauc"]) if history else None
+    out = {
+        **job,
+        "history": history,
+        "kept": kept,
+        "hit_cap": not (stopped or diverged),
+        "diverged": diverged,
+    }
+    if job["score_test"] and kept is not None:
+        net.load_state_dict(best_state)
+        out["test"] = _scores(net, splits["test"])
+        out["test_logits"] = _predict(net, splits["test"][0]).tolist()
+    return out
+
+
+def _train(net, splits: dict, job: dict) -> tuple[list[dict], dict | None, bool, int | None]:
+    """Epochs of the library's ``fit`` until ``patience`` epochs bring no better val AUC, or the cap,
+    or non-finite predictions (a diverged fit: its finite epochs stand). Returns the validations,
+    the weights of the best by val AUC + GAUC, whether patience stopped it, the diverged epoch."""
     x, y, _ = splits["train"]
     history, best, best_state, since = [], -math.inf, None, 0
     for epoch in range(1, job["max_epochs"] + 1):
         with contextlib.redirect_stdout(io.StringIO()):  # the library prints its device and row counts
             net.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=True)
         val = _scores(net, splits["val"])
+        if val is None:
+            return history, best_state, False, epoch
         history.append({"epoch": epoch, **val})
         if val["auc"] + val["gauc"] > best:
             best, best_state = val["auc"] + val["gauc"], {k: v.clone() for k, v in net.state_dict().items()}
         since = 0 if val["auc"] > max(h["auc"] for h in history[:-1] or [{"auc": -1}]) else since + 1
         if since >= job["patience"]:
-            break
-    net.load_state_dict(best_state)
-    kept = max(history, key=lambda h: h["auc"] + h["gauc"])
-    stopped = since >= job["patience"]
-    out = {**job, "history": history, "kept": kept, "hit_cap": not stopped}
-    if job["test"]:
-        out["test"] = _scores(net, splits["test"])
-        out["test_logits"] = _predict(net, splits["test"][0]).tolist()
-    return out
+            return history, best_state, True, None
+    return history, best_state, False, None
+
+
+def _score(r: dict) -> float:
+    """A fit's val AUC + GAUC at its kept epoch; -inf for one that diverged in its first epoch."""
+    return -math.inf if r["kept"] is None else r["kept"]["auc"] + r["kept"]["gauc"]
 
 
 def _run(jobs: list[dict], n_jobs: int) -> list[dict]:
@@ -236,18 +292,18 @@ def _run(jobs: list[dict], n_jobs: int) -> list[dict]:
 
 
 def _extended(key: str, values: list[float], best: float) -> float | None:
-    """The next value past ``values``' edge when ``best`` sits on it (the 1-3 ladder for the rate,
-    x10 for the penalty, +0.2 for dropout, x2 for the width); None inside, at a penalty or dropout
-    of 0, at dropout 0.9, or at width 4."""
+    """The next value past ``values``' edge when ``best`` sits on it: the rate x3 or /3, the penalty
+    x10 or /10, dropout +0.2 (at most 0.9) or down to 0, the width x2 or /2 (not below 4); None
+    when ``best`` is inside, or at a floor (a penalty or dropout of 0, width 4) or dropout's cap."""
     ordered = sorted(values)
-    if key == "embed":  # doubled or halved (not below 4, the library's examples' width)
-        return best * 2 if best == ordered[-1] else best // 2 if best == ordered[0] and best > 4 else None
+    if key == "embed":
+        return best * 2 if best == ordered[-1] else best // 2 if best == ordered[0] and best >= 8 else None
     if best == ordered[-1]:
         if key == "dropout":
             return None if best >= 0.9 else round(min(best + 0.2, 0.9), 6)
         return best * 3 if key == "lr" else best * 10
     if best == ordered[0] and best > 0:
-        return best / 3 if key == "lr" else best / 10
+        return 0.0 if key == "dropout" else best / 3 if key == "lr" else best / 10
     return None
 
 
@@ -268,7 +324,7 @@ def tune(a: argparse.Namespace, model: str, done: list[dict]) -> dict:
                 r = cached[key_j] if key_j in cached else next(ran)
                 if key_j not in cached:
                     done.append(r)
-                tried[r["setting"][key]] = r["kept"]["auc"] + r["kept"]["gauc"]
+                tried[r["setting"][key]] = _score(r)
                 print(f"{model} {r['setting']} kept {r['kept']}", flush=True)
             best = max(tried, key=tried.get)
             more = _extended(key, list(tried), best)
@@ -289,8 +345,8 @@ def _job(a: argparse.Namespace, model: str, setting: dict, seed: int, test: bool
         "model": model,
         "setting": setting,
         "seed": seed,
-        "data": str(a.data),
-        "test": test,
+        "data": str(Path(a.data).resolve()),  # one key however the path was typed
+        "score_test": test,
         "max_epochs": a.max_epochs,
         "patience": a.patience,
         "threads": 1 if a.jobs > 1 else 2,
@@ -302,6 +358,21 @@ def _summary(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "test_logits"}
 
 
+def _save_final(out: Path, results: list[dict]) -> None:
+    """Write the final fits into ``final.json`` and their test logits into ``test_logits.npz``,
+    replacing the same model and seed's earlier ones and keeping the others' (``--models`` reruns
+    one model without losing the rest)."""
+    name = lambda r: f"{r['model']}-seed{r['seed']}"  # noqa: E731
+    new = {name(r) for r in results}
+    path, npz = out / "final.json", out / "test_logits.npz"
+    old = [r for r in (json.loads(path.read_text()) if path.exists() else []) if name(r) not in new]
+    logits = dict(np.load(npz)) if npz.exists() else {}
+    logits = {k: v for k, v in logits.items() if k not in new}
+    logits.update({name(r): np.asarray(r["test_logits"]) for r in results if "test_logits" in r})
+    path.write_text(json.dumps(old + [_summary(r) for r in results], indent=1))
+    np.savez(npz, **logits)
+
+
 def _recformer_logits(a: argparse.Namespace, seeds: list[int]) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """The default Transformer's test logits per seed (``bench/quality.py``'s kept checkpoints) in
     the library's row order, and that order's labels."""
@@ -311,11 +382,14 @@ def _recformer_logits(a: argparse.Namespace, seeds: list[int]) -> tuple[dict[int
     from recformer.evaluate import load_module
 
     batch, _ = load_rows(a.data, "test")
-    table = ds.dataset(a.data / "test", format="parquet").to_table(
-        columns=["user_id", "item_id", "timestamp"]
-    )
+    keys = yaml.safe_load((a.data / "spec.yaml").read_text())["keys"]  # the loader's batch.keys
+    table = ds.dataset(a.data / "test", format="parquet").to_table(columns=keys)
     ours = {tuple(k): i for i, k in enumerate(batch.keys.numpy().tolist())}
-    theirs = zip(*(table.column(c).to_numpy().tolist() for c in table.column_names), strict=True)
+    theirs = list(zip(*(table.column(c).to_numpy().tolist() for c in keys), strict=True))
+    if len(ours) != len(batch.label) or set(theirs) != set(ours):
+        raise SystemExit(
+            f"{a.data / 'test'}: the spec's keys {keys} do not name each row once; rows cannot be paired"
+        )
     order = np.array([ours[k] for k in theirs])  # recformer's row of each library row
     logits = {}
     for (_, ckpt), seed in zip(run_checkpoints(a.quality.parent / "runs", ["transformer"], seeds), seeds):
@@ -326,11 +400,20 @@ def _recformer_logits(a: argparse.Namespace, seeds: list[int]) -> tuple[dict[int
 def report(a: argparse.Namespace) -> str:
     """Markdown: each library model beside recformer's own (means over seeds), and the default
     Transformer against each library model, seed by seed (paired DeLong on the same test rows)."""
-    needed = ((a.out / "final.json", "this script's --stage final"), (a.quality, "bench/quality.py"))
+    needed = (
+        (a.out / "final.json", "this script's --stage final"),
+        (a.out / "test_logits.npz", "this script's --stage final"),
+        (a.quality, "bench/quality.py"),
+    )
     for path, stage in needed:
         if not path.exists():
             raise SystemExit(f"{path}: not found; the report reads the runs of {stage}")
     runs = json.loads((a.out / "final.json").read_text())
+    failed = [f"{r['model']} seed {r['seed']}" for r in runs if not isinstance(r.get("test"), dict)]
+    if failed:
+        raise SystemExit(
+            f"{a.out / 'final.json'}: no test scores for {', '.join(failed)} (diverged: see its history)"
+        )
     ours = json.loads(a.quality.read_text())
     logits = np.load(a.out / "test_logits.npz")
     lines = [
@@ -353,7 +436,11 @@ def report(a: argparse.Namespace) -> str:
         )
     seeds = sorted({r["seed"] for r in runs})
     mine, labels = _recformer_logits(a, seeds)
-    groups = library_inputs(a.data, "test")[2]
+    _, their_labels, groups = library_inputs(a.data, "test")
+    if not np.array_equal(labels, their_labels):
+        raise SystemExit(
+            f"{a.data / 'test'}: the paired rows' labels differ between recformer and the library"
+        )
     lines += ["", "| Transformer (seed) vs library model | AUC difference [95% DeLong] | GAUC difference |"]
     lines.append("| --- | --- | --- |")
     for r in runs:
@@ -397,10 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         if missing:
             raise SystemExit(f"{chosen_path}: no chosen setting for {', '.join(missing)}; run --stage tune")
         jobs = [_job(a, m, chosen[m], seed, True) for m in a.models for seed in a.seeds]
-        results = _run(jobs, a.jobs)
-        (a.out / "final.json").write_text(json.dumps([_summary(r) for r in results], indent=1))
-        logits = {f"{r['model']}-seed{r['seed']}": r["test_logits"] for r in results}
-        np.savez(a.out / "test_logits.npz", **logits)
+        _save_final(a.out, _run(jobs, a.jobs))
     else:
         print(report(a))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from tests.conftest import load_bench
@@ -54,7 +55,7 @@ def _folder(root: Path, item_ids: list[int]) -> Path:
                 "hist_ratings": pa.array([[], [1, 10, 4], [2] * 60], pa.list_(pa.int8())),
                 "hour": pa.array([0, 23, 5], pa.int8()),
                 "dow": pa.array([6, 0, 1], pa.int8()),
-                "user_n_prior": pa.array([0.0, 3.0, 9.0], pa.float32()),
+                "user_n_prior": pa.array([-1.0, 3.0, 9.0], pa.float32()),  # a negative: sign log1p |x|
                 "item_pos_rate_prior": pa.array([0.5, 0.75, 0.25], pa.float32()),
             }
         ),
@@ -76,7 +77,8 @@ def test_the_library_inputs_shift_ids_pad_histories_and_scale_as_the_spec_says(t
     assert x["hist_item_id"][2].tolist() == list(range(11, 61))  # the 50 most recent, shifted
     assert x["hist_ratings"][1, :4].tolist() == [1, 10, 4, 0]  # coded 1-10 already: kept
     assert x["hist_ratings"].shape == (3, 50) and (x["hist_ratings"][0] == 0).all()
-    np.testing.assert_allclose(x["user_n_prior"], (np.log1p([0.0, 3.0, 9.0]) - 1.0) / 2.0, rtol=1e-6)
+    scaled = (np.array([-np.log1p(1.0), np.log1p(3.0), np.log1p(9.0)]) - 1.0) / 2.0  # recformer's encoder's
+    np.testing.assert_allclose(x["user_n_prior"], scaled, rtol=1e-6)
     np.testing.assert_allclose(x["item_pos_rate_prior"], [0.0, 1.0, -1.0])
     np.testing.assert_array_equal(x["content"], [[1.0] * 3, [2.0] * 3, [0.0] * 3])
     sizes = lb.vocab_sizes([x])
@@ -109,7 +111,16 @@ def test_the_search_extends_an_edge_choice_and_keeps_each_stages_best(monkeypatc
     final = {"lr": 9e-3, "l2": 0.0, "dropout": 0.9, "embed": 16}  # the widths tie: the first
     assert chosen == final
     assert [r["lr"] for r in runs[:5]] == [3e-4, 1e-3, 3e-3, 9e-3, 2.7e-2]  # 3e-3 at the edge: on
-    assert len(done) == len(runs) and not any(r["l2"] < 0 for r in runs)
+    assert len(done) == len(runs)
+    assert sorted({r["l2"] for r in runs}) == [
+        0.0,
+        1e-6,
+        1e-5,
+        1e-4,
+        1e-3,
+        1e-2,
+        1e-1,
+    ]  # 0 best: not extended
     dropouts = [r["dropout"] for r in runs if r["l2"] == 0.0 and r["embed"] == 16 and r["lr"] == 9e-3]
     assert dropouts == [0.0, 0.1, 0.3, 0.5, 0.7, 0.9]  # the l2 stage's 0, then on from each edge to the cap
     assert [r["embed"] for r in runs if r["embed"] != 16] == [64, 8]  # 16 at the lower edge: halved
@@ -117,56 +128,61 @@ def test_the_search_extends_an_edge_choice_and_keeps_each_stages_best(monkeypatc
     # the rate once more at the final values: its neighbours run, the chosen fit is not rerun
     assert runs[-2:] == [{**final, "lr": 3e-3}, {**final, "lr": 2.7e-2}] and runs.count(final) == 1
     assert lb._extended("embed", [16, 64], 64) == 128 and lb._extended("embed", [4, 8], 4) is None
+    assert lb._extended("embed", [5, 8], 5) is None and lb._extended("dropout", [0.1, 0.3], 0.1) == 0.0
     assert lb._extended("l2", [0.0, 1e-6], 0.0) is None and lb._extended("lr", [1e-3, 3e-3], 1e-3) == 1e-3 / 3
 
 
-def test_a_fit_stops_after_its_patience_and_keeps_the_best_auc_plus_gauc(monkeypatch):
-    lb = load_bench("library_baselines")
-    val = iter([(0.70, 0.60), (0.72, 0.58), (0.71, 0.62), (0.715, 0.59), (0.80, 0.70)])
+class _Net:
+    """The library model's surface ``fit`` uses: an epoch counter for weights."""
 
-    class Net:
-        epoch = 0
+    def __init__(self):
+        self.epoch, self.loaded = 0, None
 
-        def fit(self, *args, **kwargs):
-            self.epoch += 1
+    def fit(self, *args, **kwargs):
+        self.epoch += 1
 
-        def state_dict(self):
-            return {"epoch": _Clone(self.epoch)}
+    def state_dict(self):
+        return {"epoch": torch.tensor(self.epoch)}
 
-        def load_state_dict(self, state):
-            self.loaded = state["epoch"].value
+    def load_state_dict(self, state):
+        self.loaded = int(state["epoch"])
 
-    class _Clone:
-        def __init__(self, value):
-            self.value = value
 
-        def clone(self):
-            return _Clone(self.value)
-
-    net = Net()
+def _fit(lb, monkeypatch, scores: list, test: bool) -> tuple[dict, _Net]:
+    """``lb.fit`` on a fake model whose successive val (then test) scores are ``scores``."""
+    net, seq = _Net(), iter(scores)
     split = ({"content": np.zeros((2, 3))}, np.zeros(2), np.zeros(2))
     monkeypatch.setattr(lb, "library_inputs", lambda data, s: split)
     monkeypatch.setattr(lb, "vocab_sizes", lambda splits: {})
     monkeypatch.setattr(lb, "feature_columns", lambda *a: [])
     monkeypatch.setattr(lb, "build", lambda *a: net)
-    monkeypatch.setattr(lb, "_scores", lambda n, s: dict(zip(("auc", "gauc"), next(val), strict=True)))
-    monkeypatch.setattr(lb.yaml, "safe_load", lambda text: {"dense": []})
-    monkeypatch.setattr(lb.Path, "read_text", lambda self: "")
-    import torch
+    monkeypatch.setattr(lb, "_predict", lambda n, x: np.zeros(2))
+    monkeypatch.setattr(
+        lb, "_scores", lambda n, s: (lambda v: v and dict(zip(("auc", "gauc"), v)))(next(seq))
+    )
+    monkeypatch.setattr(lb, "_spec_dense", lambda data: [])
+    job = {"model": "deepfm", "setting": {"embed": 16}, "seed": 0, "data": "x", "score_test": test}
+    job.update(max_epochs=5, patience=2, threads=torch.get_num_threads())  # leave the process's threads
+    return lb.fit(job), net
 
-    job = {
-        "model": "deepfm",
-        "setting": {"embed": 16},
-        "seed": 0,
-        "data": "x",
-        "test": False,
-        "max_epochs": 5,
-        "patience": 2,
-    }
-    job["threads"] = torch.get_num_threads()  # the fit sets it: leave the test process as it was
-    out = lb.fit(job)
+
+def test_a_fit_stops_after_its_patience_and_keeps_the_best_auc_plus_gauc(monkeypatch):
+    lb = load_bench("library_baselines")
+    val = [(0.70, 0.60), (0.72, 0.58), (0.71, 0.62), (0.715, 0.59)]
+    out, net = _fit(lb, monkeypatch, [*val, (0.80, 0.70)], test=True)
     assert [h["epoch"] for h in out["history"]] == [1, 2, 3, 4]  # no better AUC at 3 and 4: stopped
-    assert out["kept"]["epoch"] == 3 and net.loaded == 3 and not out["hit_cap"]
+    assert out["kept"]["epoch"] == 3 and net.loaded == 3 and not out["hit_cap"]  # best AUC + GAUC
+    assert out["test"] == {"auc": 0.80, "gauc": 0.70} and out["diverged"] is None
+    out, net = _fit(lb, monkeypatch, [(0.70 + 0.01 * i, 0.60) for i in range(5)], test=False)
+    assert len(out["history"]) == 5 and out["hit_cap"] and net.loaded is None  # still rising at the cap
+
+
+def test_a_diverged_fit_keeps_its_finite_epochs_and_scores_nothing_past_them(monkeypatch):
+    lb = load_bench("library_baselines")
+    out, net = _fit(lb, monkeypatch, [(0.70, 0.60), None, (0.9, 0.9)], test=True)
+    assert out["diverged"] == 2 and out["kept"]["epoch"] == 1 and net.loaded == 1 and not out["hit_cap"]
+    out, _ = _fit(lb, monkeypatch, [None], test=True)
+    assert out["kept"] is None and "test" not in out and lb._score(out) == -np.inf  # the search's worst
 
 
 def test_the_report_names_the_runs_it_lacks(tmp_path):
@@ -175,6 +191,7 @@ def test_the_report_names_the_runs_it_lacks(tmp_path):
     with pytest.raises(SystemExit, match=r"final.json: not found; the report reads the runs of this script"):
         lb.main(["--stage", "report", "--out", str(out)])
     (out / "final.json").write_text("[]")
+    np.savez(out / "test_logits.npz")
     missing = tmp_path / "quality.json"
     with pytest.raises(SystemExit, match=r"quality.json: not found; the report reads the runs of bench"):
         lb.main(["--stage", "report", "--out", str(out), "--quality", str(missing)])
