@@ -64,8 +64,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
-import yaml
 
+from recformer.config import FeatureSpec
+from recformer.data.encode import Encoder
+from recformer.data.schema import Where
 from recformer.metrics.exact import delong_paired, exact_auc, gauc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,31 +119,25 @@ def _padded(lists, width: int) -> tuple[np.ndarray, np.ndarray]:
     return out, lengths
 
 
-def _dense(table, spec: dict) -> dict[str, np.ndarray]:
-    """The spec's dense columns as recformer's encoder scales them (``recformer/data/encode.py``):
-    sign(x) log1p(|x|) where ``log1p`` is set, then (x - mean) / std."""
-    out = {}
-    for d in spec["dense"]:
-        x = table.column(d["name"]).to_numpy().astype(np.float64)
-        x = np.sign(x) * np.log1p(np.abs(x)) if d.get("log1p") else x
-        out[d["name"]] = ((x - d["mean"]) / d["std"]).astype(np.float32)
-    return out
+def _dense(table, spec: FeatureSpec, where: Path) -> dict[str, np.ndarray]:
+    """The spec's dense columns scaled by recformer's own encoder (``Encoder.dense``: sign(x)
+    log1p(|x|) where ``log1p`` is set, then (x - mean) / std; a non-finite value refused by name)."""
+    values = Encoder(spec).dense(table.column, table.num_rows, Where(str(where)))
+    return {f.name: values[:, j] for j, f in enumerate(spec.dense)}
 
 
 def library_inputs(data_dir: Path, split: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """One split as the library's ``x`` (feature name -> array), the labels and the users (GAUC's groups)."""
-    spec = yaml.safe_load((data_dir / "spec.yaml").read_text())
+    spec = FeatureSpec.load(data_dir / "spec.yaml")
     table = ds.dataset(data_dir / split, format="parquet").to_table()
-    items = ds.dataset(data_dir / spec["item"]["side_table"], format="parquet").to_table()
-    _require(
-        table, data_dir / split, [*COLUMNS, spec["label"], spec["group"], *(d["name"] for d in spec["dense"])]
-    )
-    _require(items, data_dir / spec["item"]["side_table"], [*ITEM_COLUMNS, spec["item"]["content_column"]])
+    items = ds.dataset(data_dir / spec.item.side_table, format="parquet").to_table()
+    _require(table, data_dir / split, [*COLUMNS, spec.label, spec.group, *(f.name for f in spec.dense)])
+    _require(items, data_dir / spec.item.side_table, [*ITEM_COLUMNS, spec.item.content_column])
     item_row = np.full(int(items.column("item_id").to_numpy().max()) + 1, -1, dtype=np.int64)
     item_row[items.column("item_id").to_numpy()] = np.arange(items.num_rows)
     item = table.column("item_id").to_numpy().astype(np.int64)
     if (item >= item_row.size).any() or (item_row[item] < 0).any():
-        raise ValueError(f"{data_dir / split}: item_id values missing from {spec['item']['side_table']}")
+        raise ValueError(f"{data_dir / split}: item_id values missing from {spec.item.side_table}")
     rows = item_row[item]
     x: dict[str, np.ndarray] = {
         "user_id": table.column("user_id").to_numpy().astype(np.int64),  # ids from 1; 0 unused
@@ -155,11 +151,11 @@ def library_inputs(data_dir: Path, split: str) -> tuple[dict[str, np.ndarray], n
     x["hist_item_id"], x["hist_len"] = _padded(table.column("hist_item_ids").to_pylist(), 50)
     x["hist_ratings"], _ = _padded(table.column("hist_ratings").to_pylist(), 50)
     x["hist_ratings"] -= x["hist_ratings"] > 0  # ratings are coded 1-10 already: keep 0 for padding
-    x.update(_dense(table, spec))
-    content = items.column(spec["item"]["content_column"]).combine_chunks().flatten().to_numpy()
+    x.update(_dense(table, spec, data_dir / split))
+    content = items.column(spec.item.content_column).combine_chunks().flatten().to_numpy()
     x["content"] = content.reshape(items.num_rows, -1).astype(np.float32)[rows]
-    users = table.column(spec["group"]).to_numpy()
-    return x, table.column(spec["label"]).to_numpy().astype(np.float32), users
+    users = table.column(spec.group).to_numpy()
+    return x, table.column(spec.label).to_numpy().astype(np.float32), users
 
 
 def vocab_sizes(splits: list[dict[str, np.ndarray]]) -> dict[str, int]:
@@ -223,7 +219,7 @@ def _scores(net, split: tuple) -> dict[str, float] | None:
 
 def _spec_dense(data: Path) -> list[str]:
     """The spec's dense columns, by name."""
-    return [d["name"] for d in yaml.safe_load((data / "spec.yaml").read_text())["dense"]]
+    return [f.name for f in FeatureSpec.load(data / "spec.yaml").dense]
 
 
 def fit(job: dict) -> dict:
@@ -382,7 +378,7 @@ def _recformer_logits(a: argparse.Namespace, seeds: list[int]) -> tuple[dict[int
     from recformer.evaluate import load_module
 
     batch, _ = load_rows(a.data, "test")
-    keys = yaml.safe_load((a.data / "spec.yaml").read_text())["keys"]  # the loader's batch.keys
+    keys = list(FeatureSpec.load(a.data / "spec.yaml").keys)  # the loader's batch.keys
     table = ds.dataset(a.data / "test", format="parquet").to_table(columns=keys)
     ours = {tuple(k): i for i, k in enumerate(batch.keys.numpy().tolist())}
     theirs = list(zip(*(table.column(c).to_numpy().tolist() for c in keys), strict=True))

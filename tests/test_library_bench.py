@@ -18,7 +18,13 @@ SPEC = {
     "label": "label",
     "group": "user_id",
     "keys": ["user_id", "item_id", "timestamp"],
-    "item": {"side_table": "items.parquet", "content_column": "content_emb"},
+    "item": {
+        "column": "item_id",
+        "vocab_size": 3,
+        "side_table": "items.parquet",
+        "content_column": "content_emb",
+        "content_dim": 3,
+    },
     "dense": [
         {"name": "user_n_prior", "mean": 1.0, "std": 2.0, "log1p": True},
         {"name": "item_pos_rate_prior", "mean": 0.5, "std": 0.25, "log1p": False},
