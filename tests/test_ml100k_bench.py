@@ -65,3 +65,8 @@ def test_second_dataset_configs_differ_only_in_the_data() -> None:
     assert second["model"]["ranker"].pop("base_rate") == 0.57
     data["model"]["ranker"].pop("base_rate")
     assert second == data
+
+
+def test_a_failed_step_is_named_without_a_traceback() -> None:
+    with pytest.raises(SystemExit, match=r"bench/ml100k\.py: false failed"):
+        ml100k._run(["false"])
