@@ -15,7 +15,12 @@ non-finite check, touched-row embedding decay when set, the AdamW step. Steps ru
 timed step of each model in turn, so machine noise hits them alike; the table reports median
 samples/s over the timed steps, the ratio to ``--reference`` (the Transformer), and the paired
 ratio: the median over rounds of the reference's step time over the model's in the same round,
-with its quartiles, on ``--threads`` torch threads. Two runs can differ by about 5% in the ratio of
+with its quartiles, on ``--threads`` torch threads. ``--compile`` adds each model under ``torch.compile``
+(the module's own ``compile``; compiled during the warmup steps). On 2 CPU cores the default's
+compiled step is slower: 0.90x the eager rate, paired quartiles 0.80-1.05 (``--archs transformer
+--options --compile --steps 40``, 2026-12-07, a CI run beside it), as in a first run on a quiet
+machine (2,126 against 2,372 samples/s): inductor's CPU code does not beat the eager kernels at
+these shapes, so the CPU fits stay eager. Two runs can differ by about 5% in the ratio of
 medians (2026-12-07: the Transformer 2.02x and 1.84x BST's rate in two 100-step runs minutes
 apart); the paired ratio's quartiles say how far one run can be read.
 """
@@ -96,6 +101,9 @@ changes together, and the cross network's history fields (split by a gate of the
 
 BF16 = " bf16-mixed"
 """The suffix of a model's row under ``--bf16``."""
+COMPILED = " compiled"
+"""The suffix of a model's row under ``--compile``: compiled when built, so the warmup steps take the
+compilation and the timed steps do not."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,6 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--bf16",
         action="store_true",
         help="also every model under CPU bf16 autocast (--trainer.precision=bf16-mixed), beside fp32",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also every model under torch.compile (the module's own `compile`, as --model.compile=true)",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     return p.parse_args(argv)
@@ -153,8 +166,10 @@ def build(model: dict, dm: RecDataModule) -> tuple[RankerModule, torch.optim.Opt
         pairwise=model.get("pairwise", 0.0),
         listwise=model.get("listwise", 0.0),
         branch_loss=model.get("branch_loss", 0.0),
+        compile=model.get("compile", False),
     )
     module.ranker.set_item_tables(*dm.item_tables())
+    module.configure_model()  # what fit calls first: torch.compile under `compile`
     optimizer = module.make_optimizer()  # the module's own groups; no schedule: LR does not change cost
     return module.train(), optimizer
 
@@ -240,6 +255,9 @@ def main(argv: list[str] | None = None) -> dict:
             models[f"{name} per-slot content"] = (module, optimizer)
     if a.bf16:
         models.update({f"{name}{BF16}": build(m, dm) for name, m in settings.items()})
+    if a.compile:
+        compiled = {f"{name}{COMPILED}": {**m, "compile": True} for name, m in settings.items()}
+        models.update({name: build(m, dm) for name, m in compiled.items()})
     seconds: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
         for name, (module, optimizer) in models.items():

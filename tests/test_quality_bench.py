@@ -480,3 +480,18 @@ def test_levers_checks_the_reference_before_any_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", [*argv, "--reference", str(tmp_path / "none{seed}")])
     with pytest.raises(FileNotFoundError, match="none0"):
         levers.main()
+
+
+@pytest.mark.slow
+def test_throughput_bench_times_the_compiled_step_beside_the_eager_one(tiny_data, tmp_path):
+    """``--compile``: each model again under the module's own ``compile`` (compiled in the warmup),
+    trained on the same batches; its row is the same model, named apart."""
+    cmd = [sys.executable, "bench/bench_throughput.py", "--grid", str(_grid(tmp_path, tiny_data))]
+    cmd += ["--data", str(tiny_data), "--batch", "32", "--steps", "2", "--warmup", "1", "--threads", "1"]
+    cmd += ["--archs", "transformer", "--options", "--compile", "--out", str(tmp_path / "t.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "t.json").read_text())["models"]
+    assert set(rows) == {"transformer", "transformer compiled"}
+    assert rows["transformer compiled"]["params"] == rows["transformer"]["params"]
+    assert rows["transformer compiled"]["samples_per_s"] > 0
