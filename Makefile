@@ -85,6 +85,7 @@ library-check: install
 # PyPI), and the library's three at their choices on the shipped split (run make library-check
 # first): whether the presets and the comparisons carry beyond the data they were chosen on.
 ML100K = bench/out/ml100k
+ML100K_LIB = bench/out/library-ml100k
 second-dataset: install
 	@test -f bench/out/library/chosen.json || { echo "bench/out/library/chosen.json: not found; run make library-check first"; exit 1; }
 	$(BIN)/pip install -q -e ".[embed]"
@@ -94,9 +95,9 @@ second-dataset: install
 		--archs transformer din deepfm dcnv2 popularity
 	$(BIN)/python bench/quality.py --grid configs/quality/grid_ml100k.yaml --out $(ML100K) --stage report \
 		--archs transformer din deepfm dcnv2 popularity
-	mkdir -p bench/out/library-ml100k && cp bench/out/library/chosen.json bench/out/library-ml100k/
-	$(BIN)/python bench/library_baselines.py --stage final --jobs 2 --data data/ml100k --out bench/out/library-ml100k
-	$(BIN)/python bench/library_baselines.py --stage report --data data/ml100k --out bench/out/library-ml100k \
+	mkdir -p $(ML100K_LIB) && cp bench/out/library/chosen.json $(ML100K_LIB)/
+	$(BIN)/python bench/library_baselines.py --stage final --jobs 2 --data data/ml100k --out $(ML100K_LIB)
+	$(BIN)/python bench/library_baselines.py --stage report --data data/ml100k --out $(ML100K_LIB) \
 		--quality $(ML100K)/final.json
 
 complexity: install
