@@ -406,3 +406,26 @@ def test_element_dropout_keeps_f_dropout_where_its_kernels_are_fused(monkeypatch
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     dropout.branch_dropout(torch.ones(4, 3, 8), 0.2, True, "element")
     assert calls == [0.2]
+
+
+def test_categorical_dropout_makes_the_named_fields_unknown_in_training_only():
+    dims = dataclasses.replace(tiny_dims(), columns={"categorical": ["user_id", "hour"]})
+    torch.manual_seed(0)
+    ranker = Ranker(RankerConfig(d_model=16, n_heads=2, categorical_dropout={"user_id": 0.5}), dims)
+    ranker.set_item_tables(*random_item_tables(dims))
+    batch = random_batch(dims, batch_size=400)
+    tok = ranker.tokens.eval()
+    x_BTD, _ = tok(batch)
+    torch.testing.assert_close(tok(batch)[0], x_BTD)  # evaluation: every value as logged
+    tok.train()
+    user, hour = 1 + tok.dense_tokens + len(tok.emb_dims), 2 + tok.dense_tokens + len(tok.emb_dims)
+    changed_BT = (tok(batch)[0] - x_BTD).abs().amax(-1) > 0
+    assert 0.4 < changed_BT[:, user].float().mean() < 0.6  # about half the rows lost their user
+    assert not changed_BT[:, hour].any() and not changed_BT[:, user + 2 :].any()  # nothing else moved
+    unknown = dataclasses.replace(batch, cat=batch.cat * torch.tensor([0, 1]))
+    tok.cat_dropout.fill_(1.0 - 1e-7)  # every row's user dropped
+    torch.testing.assert_close(tok(batch)[0], tok(unknown)[0])
+    with pytest.raises(ValueError, match=r"categorical_dropout\['user_id'\]=1.0 must be in"):
+        RankerConfig(d_model=16, n_heads=2, categorical_dropout={"user_id": 1.0})
+    with pytest.raises(ValueError, match=r"names \['users'\].*those are \['user_id', 'hour'\]"):
+        Ranker(RankerConfig(d_model=16, n_heads=2, categorical_dropout={"users": 0.2}), dims)

@@ -66,6 +66,12 @@ class RankerConfig:
     their OOV row (unknown) with this probability; the event keeps its item, side features and
     time gap. Aimed at the model's reliance on the user's recent ratings, which separate users and
     cost within-user order (docs/levers.md)."""
+    categorical_dropout: dict[str, float] = field(default_factory=dict)
+    """In training, each row's value of a named context categorical (a spec ``categorical`` column)
+    is replaced by its OOV row (unknown) with the given probability, one draw per row and field:
+    ``{user_id: 0.25}`` trains the model on rows whose user it cannot look up, so it reads a user's
+    taste from the history and priors as well as from the id's row (which holds the user's training
+    weeks), and has learnt the unknown row a new user gets. Evaluation reads every value as logged."""
     item_bias: bool = False
     """A learned logit per target item added to the head's output: the first-order term of
     FM / Wide & Deep (Rendle 2010; Cheng et al. 2016), so an item's own rate is one scalar the
@@ -208,6 +214,9 @@ class RankerConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}={value} must be in [0, 1)")
+        for name, value in self.categorical_dropout.items():
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"categorical_dropout[{name!r}]={value} must be in [0, 1)")
         if self.dropout_mask not in ("element", "feature"):
             raise ValueError(f"dropout_mask={self.dropout_mask!r}; expected 'element' or 'feature'")
         if self.dropout_branches not in ("both", "mlp"):

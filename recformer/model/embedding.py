@@ -76,6 +76,8 @@ class FeatureTokenizer(nn.Module):
         self.content_tokens = cfg.content_tokens if dims.content_dim else "add"
         self.embedding_dropout = cfg.embedding_dropout
         self.history_cat_dropout = cfg.history_cat_dropout
+        self.register_buffer("cat_dropout", _categorical_dropout(cfg, dims), persistent=False)
+        self.any_cat_dropout = bool(self.cat_dropout.gt(0).any())  # a Python flag: no device sync a step
         self.emb_dims = list(dims.emb_dims)
         self.max_len = dims.max_len
         self.n_item_feats = sum(dims.item_feat_values)  # values: a multi-valued feature has several
@@ -298,7 +300,7 @@ class FeatureTokenizer(nn.Module):
             else batch.target_item[:, None]
         )
         S = items_BS.shape[1]
-        pieces = [batch.cat + self.cat_offsets] if F_ else []
+        pieces = [self._context_cat(batch.cat) + self.cat_offsets] if F_ else []
         distinct = self._distinct(items_BS)
         if distinct is not None:
             return self._bags_once_per_item(batch, pieces, distinct), items_BS, distinct
@@ -373,6 +375,14 @@ class FeatureTokenizer(nn.Module):
             return None
         items_U, inverse_N = torch.unique(items_BS.flatten(), return_inverse=True)
         return Distinct(items_U, inverse_N.view(items_BS.shape))
+
+    def _context_cat(self, cat_BF: torch.Tensor) -> torch.Tensor:
+        """The context categoricals' ids [B, F]; in training, with ``categorical_dropout``, each
+        named field's value is the OOV row (0, unknown) with its probability, one draw per row."""
+        if not (self.training and self.any_cat_dropout):
+            return cat_BF
+        kept_BF = torch.rand(cat_BF.shape, device=cat_BF.device) >= self.cat_dropout
+        return cat_BF * kept_BF
 
     def _hist_cat_ids(self, hist_cat_BLC: torch.Tensor) -> torch.Tensor:
         """Table rows of the history events' categoricals. In training, with ``history_cat_dropout``,
@@ -487,6 +497,20 @@ class FeatureTokenizer(nn.Module):
             parts.append(s_B1D)
             valid.append(p_BM.new_ones(p_BM.shape[0], 1))
         return parts, torch.cat(valid, dim=1) if "tokens" in self.dims.bag_pooling else None
+
+
+def _categorical_dropout(cfg: RankerConfig, dims: FeatureDims) -> torch.Tensor:
+    """``categorical_dropout`` as one probability per context categorical field [F], by the spec
+    columns the dims name; a name that is not one of them is refused."""
+    names = dims.columns.get("categorical", [])
+    unknown = sorted(set(cfg.categorical_dropout) - set(names))
+    if unknown:
+        raise ValueError(
+            f"model.ranker.categorical_dropout names {unknown}, which are not context categorical "
+            f"columns of the feature spec (those are {names or 'none'})"
+        )
+    p_F = [cfg.categorical_dropout.get(name, 0.0) for name in names]
+    return torch.tensor(p_F or [0.0] * len(dims.cat_rows))
 
 
 def _check_dims(dims: FeatureDims) -> None:
