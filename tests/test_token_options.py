@@ -429,3 +429,19 @@ def test_categorical_dropout_makes_the_named_fields_unknown_in_training_only():
         RankerConfig(d_model=16, n_heads=2, categorical_dropout={"user_id": 1.0})
     with pytest.raises(ValueError, match=r"names \['users'\].*those are \['user_id', 'hour'\]"):
         Ranker(RankerConfig(d_model=16, n_heads=2, categorical_dropout={"users": 0.2}), dims)
+
+
+@pytest.mark.parametrize("mode", ["add", "target"])
+def test_history_content_off_leaves_the_events_content_out_and_keeps_the_targets(mode):
+    with_content, batch = _ranker(content_tokens=mode)
+    without, _ = _ranker(content_tokens=mode, history_content=False)  # the same weights (seed 0)
+    tok, L = with_content.tokens, with_content.dims.max_len
+    x_BTD, valid_BT = tok(batch)
+    y_BTD, valid_without_BT = without.tokens(batch)
+    assert torch.equal(valid_BT, valid_without_BT) and without.n_tokens == with_content.n_tokens
+    events = slice(tok.n_context, tok.n_context + L)
+    want = x_BTD[:, events] - _content(tok, batch.hist_item)
+    torch.testing.assert_close(y_BTD[:, events], want)  # each event: its token less its content
+    torch.testing.assert_close(y_BTD[:, L + tok.n_context :], x_BTD[:, L + tok.n_context :])  # the target's
+    with pytest.raises(ValueError, match="history_content=false .* content_tokens='all'"):
+        RankerConfig(d_model=16, n_heads=2, content_tokens="all", history_content=False)

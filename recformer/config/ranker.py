@@ -58,6 +58,10 @@ class RankerConfig:
     """Where an item's projected content embedding goes: ``add``ed to its item token; the
     ``target``'s as a token of its own (history events keep theirs added); or ``all`` (every
     history event's too: L more tokens)."""
+    history_content: bool = True
+    """Whether the history events' tokens carry their items' content projection as the target's
+    does; False: the target's alone (what a CTR library's user feeds: the candidate's text, not
+    that of every item in the history). Needs ``content_tokens`` ``add`` or ``target``."""
     embedding_dropout: float = 0.0
     """Dropout on the token embeddings before the first block (on sparse-id rankers it regularises
     the embedding tables, which carry most of the parameters)."""
@@ -214,6 +218,11 @@ class RankerConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}={value} must be in [0, 1)")
+        if not self.history_content and self.content_tokens == "all":
+            raise ValueError(
+                "history_content=false leaves the history events' content out, and "
+                "content_tokens='all' gives each of them a content token: set one or the other"
+            )
         for name, value in self.categorical_dropout.items():
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"categorical_dropout[{name!r}]={value} must be in [0, 1)")

@@ -76,6 +76,7 @@ class FeatureTokenizer(nn.Module):
         self.content_tokens = cfg.content_tokens if dims.content_dim else "add"
         self.embedding_dropout = cfg.embedding_dropout
         self.history_cat_dropout = cfg.history_cat_dropout
+        self.history_content = cfg.history_content or not dims.max_len
         self.register_buffer("cat_dropout", _categorical_dropout(cfg, dims), persistent=False)
         self.any_cat_dropout = bool(self.cat_dropout.gt(0).any())  # a Python flag: no device sync a step
         self.emb_dims = list(dims.emb_dims)
@@ -434,6 +435,11 @@ class FeatureTokenizer(nn.Module):
         none_BT = batch.hist_mask.new_ones(B, 0)
         if not self.dims.content_dim:
             return [items_BSD], none_BT
+        if not self.history_content:  # the target's content alone; the events keep their ids
+            c_B1D = self._content(items_BS[:, L:], None)
+            if self.content_tokens == "add":
+                return [items_BSD[:, :L], items_BSD[:, L:] + c_B1D], none_BT
+            return [items_BSD[:, :L], c_B1D, items_BSD[:, L:]], batch.hist_mask.new_ones(B, 1)
         c_BSD = self._content(items_BS, distinct)
         if self.content_tokens == "add":
             return [items_BSD + c_BSD], none_BT
