@@ -53,6 +53,9 @@ OPTIONS = {
     "4 heads, MLP 4x": {"ranker": {"n_heads": 4, "mlp_ratio": 4.0}},
     "dropout 0.2": {"ranker": {"dropout": 0.2}},
     "dropout 0.2, none on attention": {"ranker": {"dropout": 0.2, "attention_dropout": 0.0}},
+    "dropout 0.2, none on attention, matmul attention": {
+        "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "attention_kernel": "matmul"}
+    },
     "dropout 0.2 on the MLP branch, none on attention": {
         "ranker": {"dropout": 0.2, "attention_dropout": 0.0, "dropout_branches": "mlp"}
     },
