@@ -490,12 +490,14 @@ def _start_csv_writers(trainer: Any) -> None:
 
 def _numbered(get_metrics: Any, number: int) -> Any:
     """The progress bar's ``v_num`` as the run folder's number. Lightning joins every logger's
-    version ("3_k2x9abcd") and shows its last 4 characters: the W&B run id's, not the run's."""
+    version ("3_k2x9abcd") and shows its last 4 characters: the W&B run id's, not the run's. A
+    string, as Lightning's own is: the Rich bar (Lightning's default where ``rich`` is installed,
+    as ``.[embed]`` brings it) prints a number as a metric, "0.000"."""
 
     def get_run_metrics(trainer: Any, pl_module: Any) -> dict[str, Any]:
         items = get_metrics(trainer, pl_module)
         if "v_num" in items:
-            items["v_num"] = number
+            items["v_num"] = str(number)
         return items
 
     return get_run_metrics

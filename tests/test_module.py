@@ -605,7 +605,8 @@ def test_two_process_ddp_fit_with_every_default(tmp_path, train_files):
     ]
     proc = run_recformer(args, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Epoch 1: 100%" in proc.stdout  # the progress bar was on (Lightning draws it on stdout)
+    # The progress bar was on (Lightning draws it on stdout): TQDM's, or Rich's where rich is installed.
+    assert "Epoch 1: 100%" in proc.stdout or "Epoch 1/1 " in proc.stdout
     runs = sorted((tmp_path / "runs" / "recformer").glob("version_*"))
     assert len(runs) == 1  # rank 0 only writes the run directory
     assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))  # W&B's offline run
